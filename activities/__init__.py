@@ -1,0 +1,1 @@
+"""Thin Temporal activity adapters: plan, code, compile, test, profile."""

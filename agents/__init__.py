@@ -1,0 +1,1 @@
+"""Agent roles (planner, coder, ...) and their providers. `offline` needs no LLM."""

@@ -1,0 +1,80 @@
+"""The offline provider: a deterministic planner and coder that need no LLM.
+
+The planner runs a coordinate search from the best candidate so far: each round it changes one
+declared tunable or one compile option, cycling through the dimensions so that a few rounds
+already cover several of them, and never proposes a configuration that was already tried. The
+coder applies the plan as a real source change (the tunable `#define` lines) plus compile flags.
+"""
+
+from __future__ import annotations
+
+from agents.playbook import PLAYBOOK
+from kopt.candidates import candidate_id, unified_diff
+from kopt.models import Candidate, CodeRequest, CodeResult, Plan, PlanRequest
+from kopt.package import apply_tunables
+
+Config = tuple[tuple[tuple[str, int], ...], tuple[str, ...]]
+
+
+def _key(tunables: dict[str, int], flags: list[str]) -> Config:
+    return tuple(sorted(tunables.items())), tuple(sorted(flags))
+
+
+def _moves(req: PlanRequest) -> list[list[tuple[str, dict[str, int], list[str]]]]:
+    """Candidate moves from the best configuration, grouped by dimension."""
+    best_t, best_f = dict(req.best.tunables), list(req.best.flags)
+    dims: list[list[tuple[str, dict[str, int], list[str]]]] = []
+    for tunable in req.package.spec.tunables_for(req.target):
+        current = best_t.get(tunable.name)
+        values = [v for v in tunable.values if v != current]
+        # Nearest values first: small steps are the likeliest to keep what already works.
+        if current is not None and current in tunable.values:
+            idx = tunable.values.index(current)
+            values.sort(key=lambda v: (abs(tunable.values.index(v) - idx), -tunable.values.index(v)))
+        dims.append([(f"{tunable.name} {current} -> {v}", {**best_t, tunable.name: v}, best_f) for v in values])
+    flag_moves = []
+    for flag, why in PLAYBOOK.get(req.target, []):
+        if flag in best_f:
+            flag_moves.append((f"drop {flag}", best_t, [f for f in best_f if f != flag]))
+        else:
+            flag_moves.append((f"add {flag} ({why})", best_t, [*best_f, flag]))
+    dims.append(flag_moves)
+    return [d for d in dims if d]
+
+
+def plan(req: PlanRequest) -> Plan:
+    tried = {_key(h.tunables, h.flags) for h in req.history}
+    tried.add(_key(req.best.tunables, req.best.flags))
+    dims = _moves(req)
+    for offset in range(len(dims)):
+        dim = dims[(req.round - 1 + offset) % len(dims)]
+        for description, tunables, flags in dim:
+            if _key(tunables, flags) not in tried:
+                return Plan(
+                    round=req.round,
+                    description=description,
+                    rationale=(
+                        f"coordinate search from the best candidate {req.best.id} "
+                        f"(speedup {req.best_speedup:.3f}x): one change at a time, untried configurations only"
+                    ),
+                    tunables=tunables,
+                    flags=flags,
+                )
+    return Plan(round=req.round, description="search space exhausted", rationale="every neighbour of the best "
+                "configuration has been tried", tunables=dict(req.best.tunables), flags=list(req.best.flags),
+                exhausted=True)
+
+
+def code(req: CodeRequest) -> CodeResult:
+    source = apply_tunables(req.base.source, req.plan.tunables)
+    flags = list(req.plan.flags)
+    candidate = Candidate(
+        id=candidate_id(source, flags, req.toolchain),
+        source=source,
+        flags=flags,
+        tunables=dict(req.plan.tunables),
+        parent_id=req.base.id,
+        origin=req.plan.description,
+    )
+    name = req.package.spec.sources[req.target]
+    return CodeResult(candidate=candidate, diff=unified_diff(req.base.source, source, name))

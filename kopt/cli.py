@@ -1,0 +1,145 @@
+"""The `kopt` command: optimize, worker, server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import structlog
+
+from kopt import logs, queues
+from kopt.errors import RunFailed, UsageError
+from kopt.settings import Settings
+
+log = structlog.get_logger("kopt")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    settings = Settings()
+    logs.configure(settings.log_format, "warning" if args.command == "optimize" else settings.log_level)
+    try:
+        return asyncio.run(args.func(args, settings))
+    except UsageError as exc:
+        print(f"kopt: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except RunFailed as exc:
+        print(f"kopt: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("kopt: interrupted; the run is durable and resumes when the same command is started again",
+              file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - infrastructure failure: one line, non-zero
+        print(f"kopt: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kopt", description="Durable, agent-driven kernel optimization.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    opt = sub.add_parser("optimize", help="optimize a kernel package")
+    opt.add_argument("kernel_dir", type=Path)
+    opt.add_argument("--target", default="cpu", help="cpu or cuda (default: cpu)")
+    opt.add_argument("--gpu-class", default=None, help=f"GPU class for cuda (default: {queues.DEFAULT_GPU_CLASS})")
+    opt.add_argument("--rounds", type=int, default=5)
+    opt.add_argument("--provider", default="offline")
+    opt.add_argument("--seed", type=int, default=0)
+    opt.add_argument("--report-dir", type=Path, default=None, help="default: $KOPT_HOME/reports/<run id>")
+    opt.set_defaults(func=_cmd_optimize)
+
+    wk = sub.add_parser("worker", help="run a worker of one role against a Temporal server")
+    wk.add_argument("--role", required=True, choices=["workflows", "agents", "build", "exec"])
+    wk.add_argument("--toolchain", action="append", help="build role: toolchain name(s); default all local ones")
+    wk.add_argument("--target", default="cpu", help="exec role: cpu or cuda")
+    wk.add_argument("--gpu-class", default=None, help="exec role, cuda: default from the device")
+    wk.add_argument("--gpu-index", type=int, default=0, help="exec role, cuda: which local GPU")
+    wk.set_defaults(func=_cmd_worker)
+
+    srv = sub.add_parser("server", help="run the embedded Temporal dev server in the foreground")
+    srv.set_defaults(func=_cmd_server)
+    return parser
+
+
+# ------------------------------------------------------------------------------------------ optimize
+
+
+async def _cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
+    from kopt.runs import prepare_request, run_optimization
+
+    req = prepare_request(args.kernel_dir, args.target, args.gpu_class, args.rounds, args.provider, args.seed,
+                          settings)
+    return await run_optimization(req, args.kernel_dir, args.report_dir, settings)
+
+
+# ------------------------------------------------------------------------------------------ worker
+
+
+async def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    from gpu_worker.device import local_gpus
+    from kopt.client import connect
+    from kopt.workers import WorkerPlan, make_workers, toolchains_for
+
+    plan = WorkerPlan(roles=(args.role,))
+    if args.role == "build":
+        try:
+            plan.toolchains = toolchains_for(args.toolchain)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if not plan.toolchains:
+            raise UsageError("no toolchain found (g++ or nvcc)")
+    if args.role == "exec":
+        if args.target not in ("cpu", "cuda"):
+            raise UsageError(f"unknown target {args.target!r}; use cpu or cuda")
+        plan.exec_target = args.target
+        if args.target == "cuda":
+            gpus = {idx: cls for idx, _name, cls in local_gpus()}
+            if args.gpu_index not in gpus:
+                raise UsageError(f"no local GPU with index {args.gpu_index} (found {sorted(gpus) or 'none'})")
+            plan.gpu_index, plan.gpu_class = args.gpu_index, args.gpu_class or gpus[args.gpu_index]
+            if plan.gpu_class != gpus[args.gpu_index]:
+                raise UsageError(f"GPU {args.gpu_index} is a {gpus[args.gpu_index]}, not a {plan.gpu_class}")
+    address = settings.temporal_address or f"127.0.0.1:{settings.server_port}"
+    client = await connect(address, settings)
+    workers = make_workers(client, settings, plan)
+    log.info("worker_started", role=args.role, address=address, queues=[w.task_queue for w in workers])
+    async with AsyncExitStack() as stack:
+        for w in workers:
+            await stack.enter_async_context(w)
+        await _wait_for_signal()
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------------------ server
+
+
+async def _cmd_server(args: argparse.Namespace, settings: Settings) -> int:
+    from kopt.server import start_dev_server
+
+    server = start_dev_server(settings.server_db, settings.server_port, settings.ui_port)
+    print(f"Temporal dev server at {server.address}; Web UI {server.ui_url}; database {settings.server_db}", flush=True)
+    try:
+        await _wait_for_signal()
+    finally:
+        server.stop()
+    return EXIT_OK
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Load and validate a kernel package folder (kernel.toml, sources, reference.py).
+
+Every error names the file and the field to fix: a user's first contact with kopt is often a
+package that is not quite right.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from kopt import expr
+from kopt.models import KernelSpec, Target
+
+TUNABLE_LINE = r"^[ \t]*#define[ \t]+{name}[ \t]+(-?\d+)\b"
+
+
+class PackageError(ValueError):
+    """A kernel package is invalid; the message says which file and field."""
+
+
+def load_spec(kernel_dir: str | Path) -> KernelSpec:
+    root = Path(kernel_dir)
+    if not root.is_dir():
+        raise PackageError(f"{root}: kernel package folder not found")
+    toml_path = root / "kernel.toml"
+    if not toml_path.is_file():
+        raise PackageError(f"{toml_path}: missing (every kernel package needs a kernel.toml)")
+    try:
+        raw = tomllib.loads(toml_path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise PackageError(f"{toml_path}: not valid TOML: {exc}") from None
+    raw.setdefault("shapes", {})
+    try:
+        spec = KernelSpec.model_validate(_normalise_shapes(raw))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise PackageError(f"{toml_path}: field '{field}': {err['msg']}") from None
+    _check_semantics(root, toml_path, spec)
+    return spec
+
+
+def source_path(kernel_dir: str | Path, spec: KernelSpec, target: Target) -> Path:
+    return Path(kernel_dir) / spec.sources[target]
+
+
+def read_tunables(source: str, names: list[str]) -> dict[str, int]:
+    """Current values of the tunable `#define`s in a source text."""
+    values = {}
+    for name in names:
+        found = re.findall(TUNABLE_LINE.format(name=re.escape(name)), source, flags=re.M)
+        if len(found) != 1:
+            raise PackageError(f"tunable {name}: expected exactly one '#define {name} <int>' line, found {len(found)}")
+        values[name] = int(found[0])
+    return values
+
+
+def apply_tunables(source: str, values: dict[str, int]) -> str:
+    """Rewrite the tunable `#define` lines of a source text to the given values."""
+    for name, value in values.items():
+        pattern = re.compile(TUNABLE_LINE.format(name=re.escape(name)), flags=re.M)
+        source, count = pattern.subn(lambda m, v=value: m.group(0).replace(m.group(1), str(v)), source)
+        if count != 1:
+            raise PackageError(f"tunable {name}: expected exactly one '#define {name} <int>' line, found {count}")
+    return source
+
+
+def _normalise_shapes(raw: dict) -> dict:
+    """kernel.toml writes shapes as inline tables of dims; the model wraps them as {dims: ...}."""
+    shapes = {}
+    for target, sets in raw.get("shapes", {}).items():
+        if not isinstance(sets, dict):
+            shapes[target] = sets
+            continue
+        shapes[target] = {
+            key: [{"dims": s} if isinstance(s, dict) else s for s in value] if isinstance(value, list) else value
+            for key, value in sets.items()
+        }
+    return {**raw, "shapes": shapes}
+
+
+def _check_semantics(root: Path, toml_path: Path, spec: KernelSpec) -> None:
+    symbols: set[str] = set()
+    for i, arg in enumerate(spec.arguments):
+        for dim in arg.shape:
+            try:
+                symbols |= expr.names(dim)
+            except expr.ExprError as exc:
+                raise PackageError(f"{toml_path}: field 'arguments.{i}.shape': {exc}") from None
+    if not any(a.role in ("out", "inout") for a in spec.arguments):
+        raise PackageError(f"{toml_path}: field 'arguments': no argument has role 'out' or 'inout'")
+    try:
+        unknown = expr.names(spec.model.bytes) - symbols - {"elem"}
+    except expr.ExprError as exc:
+        raise PackageError(f"{toml_path}: field 'model.bytes': {exc}") from None
+    if unknown:
+        raise PackageError(f"{toml_path}: field 'model.bytes': unknown symbols {sorted(unknown)}")
+    for target in spec.targets:
+        if target not in spec.sources:
+            raise PackageError(f"{toml_path}: field 'sources.{target}': target '{target}' is declared but has no source")
+        src = root / spec.sources[target]
+        if not src.is_file():
+            raise PackageError(f"{toml_path}: field 'sources.{target}': file {src} not found")
+        if target not in spec.shapes:
+            raise PackageError(f"{toml_path}: field 'shapes.{target}': no test/bench shapes for target '{target}'")
+        for kind in ("test", "bench"):
+            shapes = getattr(spec.shapes[target], kind)
+            if not shapes:
+                raise PackageError(f"{toml_path}: field 'shapes.{target}.{kind}': empty")
+            for j, shape in enumerate(shapes):
+                missing = symbols - set(shape.dims)
+                if missing:
+                    raise PackageError(
+                        f"{toml_path}: field 'shapes.{target}.{kind}.{j}': missing symbols {sorted(missing)}"
+                    )
+        text = src.read_text()
+        for tunable in spec.tunables_for(target):
+            try:
+                current = read_tunables(text, [tunable.name])[tunable.name]
+            except PackageError as exc:
+                raise PackageError(f"{src}: {exc}") from None
+            if current not in tunable.values:
+                raise PackageError(
+                    f"{toml_path}: field 'tunables.{tunable.name}.values': the source's value {current} is not listed"
+                )
+    if not (root / "reference.py").is_file():
+        raise PackageError(f"{root / 'reference.py'}: missing (the PyTorch reference and input generator)")

@@ -1,0 +1,99 @@
+"""report.json and report.md for a finished run, written atomically (never half a report)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from kopt.candidates import unified_diff
+from kopt.models import OptimizeRequest, OptimizeResult
+
+
+def build_report(run_id: str, temporal_run_id: str, req: OptimizeRequest, res: OptimizeResult,
+                 ui_url: str | None) -> dict:
+    baseline = res.baseline
+    return {
+        "run_id": run_id,
+        "temporal_run_id": temporal_run_id,
+        "web_ui": ui_url,
+        "kernel": res.kernel,
+        "target": res.target,
+        "gpu_class": res.gpu_class,
+        "toolchain": req.toolchain,
+        "provider": req.provider,
+        "rounds_requested": req.rounds,
+        "status": res.status,
+        "device": baseline.profile.device if baseline.profile else None,
+        "baseline": {
+            "candidate_id": baseline.candidate_id,
+            "flags": baseline.flags,
+            "tunables": baseline.tunables,
+            "compile_seconds": baseline.compile.seconds if baseline.compile else None,
+            "per_shape": [t.model_dump() for t in baseline.profile.timings] if baseline.profile else [],
+            "copy_bandwidth_gbs": baseline.profile.copy_bandwidth_gbs if baseline.profile else None,
+        },
+        "rounds": [
+            {
+                "round": o.round,
+                "candidate_id": o.candidate_id,
+                "description": o.description,
+                "tunables": o.tunables,
+                "flags": o.flags,
+                "compiled": bool(o.compile and o.compile.ok),
+                "compile_seconds": o.compile.seconds if o.compile else None,
+                "correct": o.correct,
+                "test_reason": o.test.reason if o.test else None,
+                "speedup_geomean": o.speedup_geomean,
+                "per_shape": [s.model_dump() for s in o.per_shape],
+            }
+            for o in res.rounds
+        ],
+        "best": res.best.model_dump(exclude={"source"}) if res.best else None,
+    }
+
+
+def render_markdown(report: dict, source_name: str) -> str:
+    lines = [f"# kopt report: {report['kernel']} ({report['target']})", ""]
+    lines += [f"- run: `{report['run_id']}` (Temporal run `{report['temporal_run_id']}`)"]
+    if report.get("web_ui"):
+        lines += [f"- Web UI: {report['web_ui']}"]
+    lines += [f"- device: {report['device']}", f"- toolchain: {report['toolchain']}, provider: {report['provider']}", ""]
+    best = report["best"]
+    if best:
+        lines += [f"## Best: `{best['candidate_id']}` (round {best['round']}), "
+                  f"geomean speedup {best['speedup_geomean']:.3f}x", "",
+                  f"flags: `{' '.join(best['flags'])}`, tunables: `{best['tunables']}`", "",
+                  "| shape | dtype | baseline us | best us | speedup | %SOL |", "| --- | --- | --- | --- | --- | --- |"]
+        for s in best["per_shape"]:
+            sol = f"{s['pct_sol']:.1f}" if s.get("pct_sol") is not None else "-"
+            lines.append(f"| {s['shape']} | {s['dtype']} | {s['baseline_us']:.2f} | {s['candidate_us']:.2f} | "
+                         f"{s['speedup']:.3f} | {sol} |")
+    lines += ["", "## Rounds", "", "| round | change | compiled | correct | geomean speedup |",
+              "| --- | --- | --- | --- | --- |"]
+    for r in report["rounds"]:
+        sp = f"{r['speedup_geomean']:.3f}" if r["speedup_geomean"] is not None else "-"
+        lines.append(f"| {r['round']} | {r['description']} | {r['compiled']} | {r['correct']} | {sp} |")
+    lines += ["", f"The best source is in `best_{source_name}`; `best.patch` is its diff from the baseline.", ""]
+    return "\n".join(lines)
+
+
+def write_report(report_dir: Path, report: dict, baseline_source: str, best_source: str, source_name: str) -> Path:
+    """Write all report files into a temp folder, then move it into place in one rename."""
+    report_dir = Path(report_dir)
+    report_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".kopt-report-", dir=report_dir.parent))
+    (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (tmp / "report.md").write_text(render_markdown(report, source_name))
+    (tmp / f"best_{source_name}").write_text(best_source)
+    (tmp / "best.patch").write_text(unified_diff(baseline_source, best_source, source_name))
+    if report_dir.exists():
+        stale = report_dir.parent / f".kopt-stale-{tmp.name}"
+        os.replace(report_dir, stale)
+        os.replace(tmp, report_dir)
+        shutil.rmtree(stale, ignore_errors=True)
+    else:
+        os.replace(tmp, report_dir)
+    return report_dir

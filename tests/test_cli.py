@@ -1,0 +1,83 @@
+"""`kopt optimize` end to end as a user runs it: embedded dev server, local workers, report files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, kopt_env
+
+SILU = REPO / "kernels" / "silu_and_mul"
+
+
+def kopt(args, home, timeout=600):
+    return subprocess.run([sys.executable, "-m", "kopt.cli", *args], cwd=REPO, env=kopt_env(home),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_optimize_cpu_writes_report(tmp_path):
+    home, reports = tmp_path / "home", tmp_path / "report"
+    proc = kopt(["optimize", str(SILU), "--target", "cpu", "--rounds", "2", "--report-dir", str(reports)], home)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "Web UI: http://127.0.0.1:" in out
+    assert "round 0: baseline" in out and "round 1:" in out and "round 2:" in out
+    report = json.loads((reports / "report.json").read_text())
+    assert report["run_id"] in out and report["kernel"] == "silu_and_mul" and report["target"] == "cpu"
+    assert len(report["rounds"]) == 2
+    assert {s["dtype"] for s in report["baseline"]["per_shape"]} == {"float16", "bfloat16"}
+    best = report["best"]
+    assert best["correct"] is True and best["speedup_geomean"] >= 1.0
+    assert best["per_shape"] and all(s["candidate_us"] > 0 for s in best["per_shape"])
+    assert "geomean speedup" in (reports / "report.md").read_text()
+    assert (reports / "best_kernel.cpp").read_text().count("#define ROW_CHUNK") == 1
+    assert (home / "temporal.db").is_file()  # the embedded server persisted the run in SQLite
+
+
+def _assert_usage_error(proc, *needles):
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("kopt: error: ")
+    for needle in needles:
+        assert needle in line, line
+
+
+def test_bad_input_fails_fast_with_one_line(tmp_path):
+    home, reports = tmp_path / "home", tmp_path / "report"
+    common = ["--report-dir", str(reports)]
+    _assert_usage_error(kopt(["optimize", str(tmp_path / "missing"), *common], home), "not found")
+    _assert_usage_error(kopt(["optimize", str(SILU), "--target", "tpu", *common], home), "unknown target 'tpu'")
+    _assert_usage_error(kopt(["optimize", str(SILU), "--target", "cuda", "--gpu-class", "h900", *common], home),
+                        "unknown GPU class 'h900'")
+    _assert_usage_error(kopt(["optimize", str(SILU), "--provider", "magic", *common], home), "unknown provider")
+    bad = tmp_path / "bad"
+    shutil.copytree(SILU, bad)
+    (bad / "kernel.toml").write_text((bad / "kernel.toml").read_text().replace('targets = ["cpu", "cuda"]',
+                                                                              'targets = "cpu"'))
+    _assert_usage_error(kopt(["optimize", str(bad), *common], home), "kernel.toml", "field 'targets'")
+    assert not reports.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broken, reason", [("source", "compile error"), ("reference", "wrong result")])
+def test_broken_baseline_fails_without_report(tmp_path, broken, reason):
+    pkg = tmp_path / "pkg"
+    shutil.copytree(SILU, pkg)
+    if broken == "source":  # a baseline that does not compile
+        path, old, new = pkg / "kernel.cpp", "return KOPT_OK;\n}", "return KOPT_OK\n}"
+    else:  # a reference that disagrees with the baseline
+        path, old, new = pkg / "reference.py", "* up}", "* up * 1.5}"
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    reports = tmp_path / "report"
+    proc = kopt(["optimize", str(pkg), "--rounds", "1", "--report-dir", str(reports)], tmp_path / "home")
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("kopt: run ") and reason in last
+    assert not reports.exists()

@@ -1,0 +1,42 @@
+"""GPU paths, run on a CUDA machine: `python -m pytest -m gpu` (skipped elsewhere)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, kopt_env
+
+SILU = REPO / "kernels" / "silu_and_mul"
+
+
+def _local_class() -> str:
+    from gpu_worker.device import local_gpus
+
+    gpus = local_gpus()
+    assert gpus, "nvidia-smi lists no GPU"
+    return gpus[0][2]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_optimize_cuda_end_to_end(tmp_path):
+    """`kopt optimize --target cuda`: test and profile run on the kopt-gpu-<class> queue."""
+    gpu_class = _local_class()
+    reports = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kopt.cli", "optimize", str(SILU), "--target", "cuda", "--gpu-class", gpu_class,
+         "--rounds", "2", "--report-dir", str(reports)],
+        cwd=REPO, env=kopt_env(tmp_path / "home"), capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"kopt-gpu-{gpu_class}" in proc.stdout
+    report = json.loads((reports / "report.json").read_text())
+    assert report["target"] == "cuda" and report["gpu_class"] == gpu_class
+    assert "H100" in report["device"] or "H200" in report["device"] or report["device"]
+    assert report["best"]["correct"] and report["best"]["speedup_geomean"] >= 1.0
+    timings = report["baseline"]["per_shape"]
+    assert timings and all(t["median_us"] > 0 and t["pct_sol"] > 0 for t in timings)

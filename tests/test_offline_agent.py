@@ -1,0 +1,71 @@
+"""The offline planner/coder: deterministic, never repeats a configuration, produces real changes."""
+
+from __future__ import annotations
+
+from agents import offline
+from kopt.artifacts import ArtifactStore
+from kopt.candidates import candidate_id
+from kopt.models import Candidate, CodeRequest, PackageRef, PlanRequest, RoundRecord
+from kopt.package import load_spec, read_tunables
+from tests.conftest import REPO
+
+SILU = REPO / "kernels" / "silu_and_mul"
+
+
+def _setup(tmp_path, target="cuda"):
+    spec = load_spec(SILU)
+    source = (SILU / spec.sources[target]).read_text()
+    flags = spec.build[target].flags
+    pkg = PackageRef(spec=spec, files=ArtifactStore(tmp_path).put_tree(SILU), baseline_sources={target: source})
+    tunables = read_tunables(source, [t.name for t in spec.tunables_for(target)])
+    best = Candidate(id=candidate_id(source, flags, "tc"), source=source, flags=flags, tunables=tunables)
+    return pkg, best
+
+
+def test_planner_is_deterministic_and_never_repeats(tmp_path):
+    pkg, best = _setup(tmp_path)
+    history: list[RoundRecord] = []
+    seen = {(tuple(sorted(best.tunables.items())), tuple(sorted(best.flags)))}
+    for rnd in range(1, 200):
+        req = PlanRequest(package=pkg, target="cuda", round=rnd, best=best, best_speedup=1.0, history=history)
+        plan = offline.plan(req)
+        assert offline.plan(req) == plan  # same input, same plan
+        if plan.exhausted:
+            break
+        key = (tuple(sorted(plan.tunables.items())), tuple(sorted(plan.flags)))
+        assert key not in seen
+        seen.add(key)
+        history.append(RoundRecord(round=rnd, candidate_id=str(rnd), description=plan.description,
+                                   tunables=plan.tunables, flags=plan.flags, compiled=True, correct=True))
+    # Neighbours of the baseline: every other value of each tunable, plus each playbook flag.
+    spec = pkg.spec
+    n_moves = sum(len(t.values) - 1 for t in spec.tunables_for("cuda")) + len(offline.PLAYBOOK["cuda"])
+    assert plan.exhausted and len(history) == n_moves
+
+
+def test_first_rounds_cover_different_dimensions(tmp_path):
+    pkg, best = _setup(tmp_path)
+    changed = []
+    history: list[RoundRecord] = []
+    for rnd in range(1, 5):
+        plan = offline.plan(PlanRequest(package=pkg, target="cuda", round=rnd, best=best, best_speedup=1.0,
+                                        history=history))
+        diff_t = {k for k in plan.tunables if plan.tunables[k] != best.tunables[k]}
+        changed.append(frozenset(diff_t) or "flags")
+        history.append(RoundRecord(round=rnd, candidate_id=str(rnd), description=plan.description,
+                                   tunables=plan.tunables, flags=plan.flags, compiled=True, correct=True))
+    assert len(set(changed)) == 4
+
+
+def test_coder_writes_the_source_change(tmp_path):
+    pkg, best = _setup(tmp_path)
+    plan = offline.plan(PlanRequest(package=pkg, target="cuda", round=1, best=best, best_speedup=1.0, history=[]))
+    result = offline.code(CodeRequest(package=pkg, target="cuda", toolchain="tc", plan=plan, base=best))
+    cand = result.candidate
+    assert cand.parent_id == best.id and cand.id != best.id
+    assert read_tunables(cand.source, list(plan.tunables)) == plan.tunables
+    assert cand.id == candidate_id(cand.source, cand.flags, "tc")
+    changed = [k for k in plan.tunables if plan.tunables[k] != best.tunables[k]]
+    assert len(changed) == 1
+    assert f"-#define {changed[0]} {best.tunables[changed[0]]}" in result.diff
+    assert f"+#define {changed[0]} {plan.tunables[changed[0]]}" in result.diff

@@ -1,0 +1,1 @@
+"""Deterministic workflow code only: no I/O, no torch, no clocks."""
