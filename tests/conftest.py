@@ -51,5 +51,6 @@ def kopt_home(tmp_path, monkeypatch):
 def kopt_env(home: Path, **extra: str) -> dict[str, str]:
     """Environment for a `kopt` subprocess: own home, own dev server on free ports."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KOPT_")}
-    env.update(KOPT_HOME=str(home), KOPT_SERVER_PORT="0", KOPT_UI_PORT="0", PYTHONPATH=str(REPO), **extra)
+    pythonpath = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.update(KOPT_HOME=str(home), KOPT_SERVER_PORT="0", KOPT_UI_PORT="0", PYTHONPATH=pythonpath, **extra)
     return env
