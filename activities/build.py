@@ -10,6 +10,7 @@ import structlog
 from temporalio import activity
 
 from activities.errors import invalid_request
+from activities.heartbeat import heartbeating
 from kopt import build
 from kopt.artifacts import ArtifactStore
 from kopt.models import CompileRequest, CompileResult
@@ -38,7 +39,8 @@ class BuildActivities:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         workdir = Path(tempfile.mkdtemp(prefix=f"build-{req.candidate.id}-", dir=self.work_dir))
         try:
-            out = await build.build(self.toolchain, req.candidate.source, workdir, req.candidate.flags)
+            async with heartbeating(f"compiling {req.candidate.id}"):
+                out = await build.build(self.toolchain, req.candidate.source, workdir, req.candidate.flags)
             library = self.store.put_file(workdir / "kernel.so") if out.ok else None
             full_log = self.store.put_bytes(out.log.encode()) if out.log else None
         finally:

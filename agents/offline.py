@@ -78,3 +78,7 @@ def code(req: CodeRequest) -> CodeResult:
     )
     name = req.package.spec.sources[req.target]
     return CodeResult(candidate=candidate, diff=unified_diff(req.base.source, source, name))
+
+
+def unchanged(best: Candidate) -> CodeResult:
+    return CodeResult(candidate=best, diff="")

@@ -54,7 +54,39 @@ def _parser() -> argparse.ArgumentParser:
     opt.add_argument("--provider", default="offline")
     opt.add_argument("--seed", type=int, default=0)
     opt.add_argument("--report-dir", type=Path, default=None, help="default: $KOPT_HOME/reports/<run id>")
+    opt.add_argument("--model", default=None, help="provider openai: model (default KOPT_OPENAI_MODEL)")
+    opt.add_argument("--candidates", type=int, default=1, help="candidates per round, evaluated in parallel")
+    opt.add_argument("--single-agent", action="store_true", help="one combined agent instead of the team")
+    opt.add_argument("--patience", type=int, default=None, help="stop after K rounds without improvement")
+    opt.add_argument("--max-cost", type=float, default=None, help="stop at this LLM cost (USD)")
+    opt.add_argument("--max-tokens", type=int, default=None, help="stop at this many LLM tokens")
+    opt.add_argument("--max-gpu-seconds", type=float, default=None, help="stop at this much device time")
+    opt.add_argument("--max-wall-time", type=float, default=None, help="stop after this many seconds")
+    opt.add_argument("--approve", action="store_true", help="wait for `kopt approve` before accepting a new best")
+    opt.add_argument("--continue-every", type=int, default=50, help="rounds per history segment")
     opt.set_defaults(func=_cmd_optimize)
+
+    runs = sub.add_parser("runs", help="list runs (kernel, status, round, best speedup)")
+    runs.add_argument("--limit", type=int, default=50)
+    runs.add_argument("--json", action="store_true")
+    runs.set_defaults(func=_cmd_inspect, action="runs")
+    for name, text in (("status", "a run's progress"), ("watch", "follow a run live"),
+                       ("history", "every round of a run, from workflow history alone"),
+                       ("replay", "replay a run's histories against the current workflow code"),
+                       ("cancel", "cancel a run (running kernels are killed)")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("run")
+        p.set_defaults(func=_cmd_inspect, action=name)
+    exp = sub.add_parser("export", help="export a run's history as json, md or html")
+    exp.add_argument("run")
+    exp.add_argument("--format", default="json", choices=["json", "md", "html"])
+    exp.add_argument("--output", type=Path, default=None)
+    exp.set_defaults(func=_cmd_inspect, action="export")
+    apr = sub.add_parser("approve", help="accept (or --reject) a candidate a run waits for")
+    apr.add_argument("run")
+    apr.add_argument("candidate")
+    apr.add_argument("--reject", action="store_true")
+    apr.set_defaults(func=_cmd_inspect, action="approve")
 
     wk = sub.add_parser("worker", help="run a worker of one role against a Temporal server")
     wk.add_argument("--role", required=True, choices=["workflows", "agents", "build", "exec"])
@@ -73,11 +105,44 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
-    from kopt.runs import prepare_request, run_optimization
+    from kopt.runs import apply_run_options, prepare_request, run_optimization
 
     req = prepare_request(args.kernel_dir, args.target, args.gpu_class, args.rounds, args.provider, args.seed,
                           settings)
+    req = apply_run_options(req, args, settings)
     return await run_optimization(req, args.kernel_dir, args.report_dir, settings)
+
+
+# ------------------------------------------------------------------------------------------ inspect
+
+
+async def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
+    from kopt import inspect
+
+    async with inspect.reader(settings) as client:
+        if args.action == "runs":
+            rows = await inspect.list_runs(client, args.limit, out=sys.stderr if args.json else sys.stdout)
+            if args.json:
+                print(inspect.dump_json(rows))
+        elif args.action == "status":
+            await inspect.status(client, args.run)
+        elif args.action == "watch":
+            await inspect.watch(client, args.run)
+        elif args.action == "history":
+            print(inspect.history_text(await inspect.view(client, args.run)))
+        elif args.action == "export":
+            text = inspect.export(await inspect.view(client, args.run), args.format)
+            if args.output:
+                args.output.write_text(text)
+            else:
+                print(text)
+        elif args.action == "replay":
+            return await inspect.replay(client, args.run)
+        elif args.action == "approve":
+            await inspect.approve(client, args.run, args.candidate, not args.reject)
+        elif args.action == "cancel":
+            await inspect.cancel(client, args.run)
+    return EXIT_OK
 
 
 # ------------------------------------------------------------------------------------------ worker

@@ -116,18 +116,34 @@ class Candidate(BaseModel):
     origin: str = "baseline"  # "baseline" or the plan that produced it
 
 
+class ShapeSpeedup(BaseModel):
+    shape: str
+    dtype: DType
+    baseline_us: float
+    candidate_us: float
+    speedup: float
+    pct_sol: float | None = None
+
+
 class RoundRecord(BaseModel):
-    """What the planner sees of one finished round."""
+    """One finished round, compact: what the planner sees and what the report lists.
+
+    The full detail (source, diff, compiler output, checks, timings) stays in workflow history.
+    """
 
     round: int
     candidate_id: str
     description: str
     tunables: dict[str, int]
     flags: list[str]
+    slot: int = 0  # which of the round's candidates (--candidates N)
     compiled: bool
     correct: bool
     speedup_geomean: float | None = None
     failure: str | None = None
+    compile_seconds: float | None = None
+    per_shape: list[ShapeSpeedup] = Field(default_factory=list)
+    accepted: bool = False  # became the new best
 
 
 class PlanRequest(BaseModel):
@@ -187,6 +203,8 @@ class CompileResult(BaseModel):
 
 # ---------------------------------------------------------------- execution (test, profile)
 
+TimingMode = Literal["auto", "cold", "graph"]
+
 
 class ExecRequest(BaseModel):
     package: PackageRef
@@ -197,6 +215,23 @@ class ExecRequest(BaseModel):
     dtypes: list[DType]
     seed: int = 0
     timeout_s: float = 300.0
+    # Candidate source text: static checks (includes, streams, threads, library calls) run on it
+    # before the library is loaded. None: only the compiled library's symbols are checked.
+    source: str | None = None
+    # The package baseline, loaded into the same harness process: it calibrates the candidate's
+    # error bound on the very same inputs (test) and is timed interleaved with it (profile: A/B).
+    baseline_library: ArtifactRef | None = None
+    baseline_id: str | None = None
+    # Without a baseline library: the baseline's max |err| per check key ("shape dtype variant",
+    # see ShapeCheck.key) from its own TestResult, used as the calibration instead.
+    baseline_errors: dict[str, float] = Field(default_factory=dict)
+    trials: int = 2  # seeded trials per declared shape and dtype (variants add their own)
+    edge_shapes: bool = True  # add 1-row, all-ones and prime-size shapes derived from `shapes`
+    timing_mode: TimingMode = "auto"  # auto: CUDA graph mode when a cold call takes < ~20 us
+    time_cap_s: float | None = None  # sampling cap per shape and dtype; None: the target's default
+    memory_limit_mb: int = 8192  # address-space headroom of the harness (CPU target only)
+    sanitize: bool = True  # compute-sanitizer memcheck on CUDA where the tool exists
+    noise_floor: float = 0.0  # A/B: a speedup is significant only if its CI low > 1 + noise_floor
 
 
 class ShapeCheck(BaseModel):
@@ -206,6 +241,14 @@ class ShapeCheck(BaseModel):
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     message: str | None = None
+    variant: str = ""  # "" declared inputs; "edge", "x0.01", "x100", "special", "strided"
+    skipped: bool = False  # the variant does not apply (the baseline or reference cannot do it)
+    baseline_max_abs_err: float | None = None
+    error_bound: float | None = None  # calibrated bound on max_abs_err (2x baseline + floor)
+
+    @property
+    def key(self) -> str:
+        return " ".join(p for p in (self.shape, self.dtype, self.variant) if p)
 
 
 class TestResult(BaseModel):
@@ -217,6 +260,9 @@ class TestResult(BaseModel):
     checks: list[ShapeCheck] = Field(default_factory=list)
     device: str = ""
     seconds: float = 0.0
+    static_violations: list[str] = Field(default_factory=list)
+    sanitizer: str | None = None  # compute-sanitizer summary, or why it did not run
+    notes: list[str] = Field(default_factory=list)  # what was skipped or relaxed, and why
 
 
 class ShapeTiming(BaseModel):
@@ -228,6 +274,41 @@ class ShapeTiming(BaseModel):
     samples: int
     gbytes_per_s: float
     pct_sol: float | None = None  # of the worker's measured copy bandwidth
+    # cold: L2 flushed before each event-timed call; graph: CUDA graph of back-to-back calls over
+    # rotating inputs larger than L2, per call; hot-cpu: wall clock, CPU caches not flushed.
+    mode: str = "cold"
+    rse: float | None = None  # relative standard error of the mean at the stop
+    throttled_dropped: int = 0  # samples dropped because the GPU reported a thermal/power slowdown
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    temperature_c: float | None = None
+    flags: list[str] = Field(default_factory=list)  # e.g. above 105% of the copy bandwidth
+
+
+class ShapeAB(BaseModel):
+    """Baseline and candidate timed interleaved on one shape: ratio of medians, bootstrap CI."""
+
+    shape: str
+    dtype: DType
+    mode: str
+    baseline_us: float
+    candidate_us: float
+    speedup: float  # baseline median / candidate median
+    ci_low: float
+    ci_high: float
+    baseline_samples: int
+    candidate_samples: int
+
+
+class ABResult(BaseModel):
+    baseline_id: str | None = None
+    per_shape: list[ShapeAB] = Field(default_factory=list)
+    speedup_geomean: float | None = None
+    ci_low: float | None = None  # 95% bootstrap interval of the geomean speedup
+    ci_high: float | None = None
+    confidence: float = 0.95
+    noise_floor: float = 0.0
+    verdict: Literal["faster", "slower", "same"] = "same"
 
 
 class ProfileResult(BaseModel):
@@ -238,77 +319,10 @@ class ProfileResult(BaseModel):
     device: str = ""
     copy_bandwidth_gbs: float | None = None
     seconds: float = 0.0
+    peak_bandwidth_gbs: float | None = None  # datasheet (CUDA) or sanity bound (CPU)
+    ab: ABResult | None = None  # when a baseline library was given
+    flags: list[str] = Field(default_factory=list)  # results that deserve a second look
+    notes: list[str] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------- workflow
-
-
-class OptimizeRequest(BaseModel):
-    package: PackageRef
-    target: Target
-    gpu_class: str | None = None  # for target cuda
-    toolchain: str
-    baseline: Candidate
-    rounds: int = 5
-    provider: str = "offline"
-    seed: int = 0
-    # A candidate replaces the best only if its geomean speedup over the best beats this margin,
-    # so timing noise is not mistaken for progress.
-    min_gain: float = 0.02
-
-
-class ShapeSpeedup(BaseModel):
-    shape: str
-    dtype: DType
-    baseline_us: float
-    candidate_us: float
-    speedup: float
-    pct_sol: float | None = None
-
-
-class CandidateOutcome(BaseModel):
-    round: int
-    candidate_id: str
-    description: str
-    tunables: dict[str, int]
-    flags: list[str]
-    diff: str = ""
-    compile: CompileResult | None = None
-    test: TestResult | None = None
-    profile: ProfileResult | None = None
-    correct: bool = False
-    speedup_geomean: float | None = None
-    per_shape: list[ShapeSpeedup] = Field(default_factory=list)
-
-
-class BestSummary(BaseModel):
-    candidate_id: str
-    round: int
-    correct: bool
-    speedup_geomean: float
-    per_shape: list[ShapeSpeedup]
-    tunables: dict[str, int]
-    flags: list[str]
-    source: str
-
-
-class Progress(BaseModel):
-    """Answer of the workflow's `progress` query."""
-
-    phase: str
-    round: int
-    rounds: int
-    events: list[str] = Field(default_factory=list)  # the latest events only
-    event_total: int = 0  # events ever emitted, so a follower knows how many it missed
-    best_speedup: float | None = None
-
-
-class OptimizeResult(BaseModel):
-    kernel: str
-    target: Target
-    gpu_class: str | None
-    status: Literal["completed", "baseline_failed"]
-    reason: str | None = None
-    baseline: CandidateOutcome
-    rounds: list[CandidateOutcome]
-    best: BestSummary | None

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from kopt.candidates import unified_diff
-from kopt.models import OptimizeRequest, OptimizeResult
+from kopt.run_models import OptimizeRequest, OptimizeResult
 
 
 def build_report(run_id: str, temporal_run_id: str, req: OptimizeRequest, res: OptimizeResult,
@@ -35,22 +35,13 @@ def build_report(run_id: str, temporal_run_id: str, req: OptimizeRequest, res: O
             "per_shape": [t.model_dump() for t in baseline.profile.timings] if baseline.profile else [],
             "copy_bandwidth_gbs": baseline.profile.copy_bandwidth_gbs if baseline.profile else None,
         },
-        "rounds": [
-            {
-                "round": o.round,
-                "candidate_id": o.candidate_id,
-                "description": o.description,
-                "tunables": o.tunables,
-                "flags": o.flags,
-                "compiled": bool(o.compile and o.compile.ok),
-                "compile_seconds": o.compile.seconds if o.compile else None,
-                "correct": o.correct,
-                "test_reason": o.test.reason if o.test else None,
-                "speedup_geomean": o.speedup_geomean,
-                "per_shape": [s.model_dump() for s in o.per_shape],
-            }
-            for o in res.rounds
-        ],
+        "segments": res.segments,
+        "stop_reason": res.stop_reason,
+        "usage": res.usage.model_dump(),
+        "candidates_per_round": req.candidates_per_round,
+        "single_agent": req.single_agent,
+        "model": req.llm.model if req.llm else None,
+        "rounds": [r.model_dump() for r in res.rounds],
         "best": res.best.model_dump(exclude={"source"}) if res.best else None,
     }
 
@@ -60,7 +51,14 @@ def render_markdown(report: dict, source_name: str) -> str:
     lines += [f"- run: `{report['run_id']}` (Temporal run `{report['temporal_run_id']}`)"]
     if report.get("web_ui"):
         lines += [f"- Web UI: {report['web_ui']}"]
-    lines += [f"- device: {report['device']}", f"- toolchain: {report['toolchain']}, provider: {report['provider']}", ""]
+    u = report["usage"]
+    lines += [f"- device: {report['device']}", f"- toolchain: {report['toolchain']}, provider: {report['provider']}"
+              + (f", model {report['model']}" if report.get("model") else ""),
+              f"- usage: {u['llm_calls']} LLM calls, {u['prompt_tokens']} + {u['completion_tokens']} tokens, "
+              f"${u['cost_usd']:.4f}, {u['device_seconds']:.1f} s of device time"]
+    if report.get("stop_reason"):
+        lines.append(f"- stopped early: {report['stop_reason']}")
+    lines.append("")
     best = report["best"]
     if best:
         lines += [f"## Best: `{best['candidate_id']}` (round {best['round']}), "

@@ -4,22 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from temporalio.common import WorkflowIDConflictPolicy
+import structlog
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
+from temporalio.service import RPCError
 
 from kopt import build, queues
 from kopt.artifacts import ArtifactStore
 from kopt.candidates import candidate_id
 from kopt.errors import RunFailed, UsageError
-from kopt.models import Candidate, OptimizeRequest, OptimizeResult, PackageRef, Progress
+from kopt.models import Candidate, PackageRef
+from kopt.run_models import OptimizeRequest, OptimizeResult, Progress
 from kopt.package import PackageError, load_spec, read_tunables
 from kopt.report import build_report, write_report
 from kopt.settings import Settings
+from workflows.optimize import BEST_KEY, KERNEL_KEY, ROUND_KEY, TARGET_KEY
 
-PROVIDERS = ("offline",)
+log = structlog.get_logger(__name__)
+
+PROVIDERS = ("offline", "openai")
 
 
 def prepare_request(kernel_dir: Path, target: str, gpu_class: str | None, rounds: int, provider: str, seed: int,
@@ -60,6 +67,38 @@ def prepare_request(kernel_dir: Path, target: str, gpu_class: str | None, rounds
                            baseline=baseline, rounds=rounds, provider=provider, seed=seed)
 
 
+def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> OptimizeRequest:
+    """The CLI's search, budget and provider options, checked, applied to a prepared request."""
+    from kopt.llm_settings import LLMSettings, llm_config
+    from kopt.run_models import Budgets
+
+    for name in ("continue_every", "candidates"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("patience", "max_cost", "max_tokens", "max_gpu_seconds", "max_wall_time"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    llm = None
+    if req.provider == "openai":
+        try:
+            llm = llm_config(LLMSettings())
+        except Exception as exc:  # noqa: BLE001 - a malformed KOPT_OPENAI_* value
+            raise UsageError(f"KOPT_OPENAI_* settings: {exc}".splitlines()[0]) from None
+        if args.model:
+            llm = llm.model_copy(update={"model": args.model})
+        if not settings.temporal_address and llm.api_key_env and not os.environ.get(llm.api_key_env):
+            raise UsageError(f"provider openai: the API key variable {llm.api_key_env} is not set (set it, or name "
+                             f"another with KOPT_OPENAI_API_KEY_ENV; empty for endpoints without keys)")
+    elif args.model:
+        raise UsageError("--model applies to --provider openai only")
+    budgets = Budgets(max_cost_usd=args.max_cost, max_tokens=args.max_tokens, max_gpu_seconds=args.max_gpu_seconds,
+                      max_wall_time_s=args.max_wall_time)
+    return req.model_copy(update={"approve": args.approve, "continue_every": args.continue_every, "llm": llm,
+                                  "candidates_per_round": args.candidates, "single_agent": args.single_agent,
+                                  "patience": args.patience, "budgets": budgets})
+
+
 def workflow_id(req: OptimizeRequest) -> str:
     """Deterministic per request: starting the same run again attaches to it while it is running."""
     digest = hashlib.sha256(req.model_dump_json().encode()).hexdigest()[:10]
@@ -91,10 +130,7 @@ async def run_optimization(req: OptimizeRequest, kernel_dir: Path, report_dir: P
             for worker in make_workers(client, settings, workers_plan):
                 await stack.enter_async_context(worker)
         wf_id = workflow_id(req)
-        handle = await client.start_workflow(
-            queues.WORKFLOW_NAME, req, id=wf_id, task_queue=queues.WORKFLOW_QUEUE, result_type=OptimizeResult,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
+        handle = await start_run(client, req, wf_id)
         run_id = handle.result_run_id or ""
         say(f"run {wf_id} (Temporal run {run_id}): {req.package.spec.name} on {req.target}"
             f"{' / ' + req.gpu_class if req.gpu_class else ''}, {req.rounds} rounds, provider {req.provider}")
@@ -113,6 +149,26 @@ async def run_optimization(req: OptimizeRequest, kernel_dir: Path, report_dir: P
             f"the baseline")
         say(f"report: {target_dir / 'report.json'} and report.md")
     return 0
+
+
+async def start_run(client, req: OptimizeRequest, wf_id: str):
+    """Start (or attach to) the run, with typed search attributes where the namespace has them."""
+    attrs = TypedSearchAttributes([
+        SearchAttributePair(KERNEL_KEY, req.package.spec.name),
+        SearchAttributePair(TARGET_KEY, req.target),
+        SearchAttributePair(ROUND_KEY, 0),
+        SearchAttributePair(BEST_KEY, 1.0),
+    ])
+    kwargs = dict(id=wf_id, task_queue=queues.WORKFLOW_QUEUE, result_type=OptimizeResult,
+                  id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)
+    try:
+        return await client.start_workflow(queues.WORKFLOW_NAME, req, search_attributes=attrs, **kwargs)
+    except RPCError as exc:
+        if "search attribute" not in str(exc).lower():
+            raise
+        log.warning("search_attributes_unregistered", hint="register KoptKernel, KoptTarget, KoptRound, "
+                    "KoptBestSpeedup on the namespace for `kopt runs`")
+        return await client.start_workflow(queues.WORKFLOW_NAME, req, **kwargs)
 
 
 def _local_worker_plan(req: OptimizeRequest):

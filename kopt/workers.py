@@ -11,6 +11,7 @@ from temporalio.worker import Worker
 from activities import agents as agent_activities
 from activities.build import BuildActivities
 from activities.execution import ExecActivities
+from gpu_worker.device import cpu_name
 from kopt import build, queues
 from kopt.artifacts import ArtifactStore
 from kopt.settings import Settings
@@ -37,7 +38,7 @@ def make_workers(client: Client, settings: Settings, plan: WorkerPlan) -> list[W
         workers.append(Worker(client, task_queue=queues.WORKFLOW_QUEUE, workflows=[OptimizeKernel]))
     if "agents" in plan.roles:
         workers.append(Worker(client, task_queue=queues.AGENTS_QUEUE,
-                              activities=[agent_activities.plan, agent_activities.code],
+                              activities=agent_activities.ACTIVITIES,
                               max_concurrent_activities=8))
     if "build" in plan.roles:
         for tc in plan.toolchains:
@@ -49,7 +50,8 @@ def make_workers(client: Client, settings: Settings, plan: WorkerPlan) -> list[W
         if plan.gpu_index is not None:
             # The harness child inherits this: one worker process drives exactly one GPU.
             os.environ["CUDA_VISIBLE_DEVICES"] = str(plan.gpu_index)
-        acts = ExecActivities(store, settings.work_dir / "exec")
+        device_class = plan.gpu_class if plan.exec_target == "cuda" else f"cpu:{cpu_name()}"
+        acts = ExecActivities(store, settings.work_dir / "exec", device_class)
         # One activity slot per device: timings are never taken with two kernels on one GPU/CPU.
         workers.append(Worker(client, task_queue=queue, activities=[acts.test, acts.profile],
                               max_concurrent_activities=1))

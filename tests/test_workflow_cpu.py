@@ -11,7 +11,8 @@ from temporalio.api.enums.v1 import EventType
 
 from kopt import queues
 from kopt.client import connect
-from kopt.models import OptimizeResult
+from kopt.history import load_run
+from kopt.run_models import OptimizeResult
 from kopt.runs import prepare_request
 from kopt.settings import Settings
 from kopt.workers import WorkerPlan, make_workers, toolchains_for
@@ -32,13 +33,14 @@ async def _run(server, settings: Settings):
                                              task_queue=queues.WORKFLOW_QUEUE, result_type=OptimizeResult)
         result = await handle.result()
         history = await handle.fetch_history()
-    return req, result, history
+        view = await load_run(client, handle.id)
+    return req, result, history, view
 
 
 @pytest.mark.slow
 def test_optimize_cpu_records_every_activity_on_its_queue(temporal_server, kopt_home):
     settings = Settings()
-    req, result, history = asyncio.run(_run(temporal_server, settings))
+    req, result, history, view = asyncio.run(_run(temporal_server, settings))
 
     scheduled = [
         (e.activity_task_scheduled_event_attributes.activity_type.name,
@@ -60,9 +62,16 @@ def test_optimize_cpu_records_every_activity_on_its_queue(temporal_server, kopt_
     # Each round's candidate is a real, distinct code change, visible in history.
     ids = [r.candidate_id for r in result.rounds]
     assert len(set(ids)) == ROUNDS and req.baseline.id not in ids
-    assert any(r.diff for r in result.rounds), "no round changed the source"
+    # History alone tells each round's plan, code change, compile, test and profile.
+    assert [r.round for r in view.rounds] == list(range(ROUNDS + 1))
+    assert [r.candidate_id for r in view.rounds[1:]] == ids
+    assert any(r.code.diff for r in view.rounds[1:]), "no round changed the source"
+    for r in view.rounds[1:]:
+        assert r.plan.round == r.round and r.compile.candidate_id == r.candidate_id
+        assert r.code.candidate.source != req.baseline.source or r.code.candidate.flags != req.baseline.flags
+    assert view.rounds[0].profile.ok and view.status == "completed"
     for outcome in result.rounds:
-        assert outcome.compile is not None
+        assert outcome.compile_seconds is not None
         if outcome.correct:
             assert outcome.speedup_geomean and outcome.speedup_geomean > 0
             assert {s.dtype for s in outcome.per_shape} == {"float16", "bfloat16"}

@@ -2,43 +2,71 @@
 
 Each activity runs on the queue of its capability: agents on kopt-agents, compile on
 kopt-build-<toolchain>, test and profile on kopt-exec-cpu or kopt-gpu-<class>. Compile errors and
-wrong results are data in the history; only infrastructure faults are retried.
+wrong results are data in the history; only infrastructure faults are retried. Long runs
+continue-as-new every `continue_every` rounds (or when the server suggests it), carrying the best
+candidate and a compact summary of the rounds so far.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributeKey
 
 with workflow.unsafe.imports_passed_through():
     from kopt import queues
+    from kopt.agent_models import (
+        AgentCodeRequest,
+        AgentPlanRequest,
+        AnalyzeRequest,
+        CodeOutput,
+        Diagnosis,
+        DiagnosisOutput,
+        PlanOutput,
+        SingleAgentOutput,
+        SingleAgentRequest,
+        TestDesignOutput,
+        TestDesignRequest,
+        repair_request,
+    )
     from kopt.models import (
-        BestSummary,
         Candidate,
-        CandidateOutcome,
-        CodeRequest,
         CodeResult,
         CompileRequest,
         CompileResult,
         ExecRequest,
-        OptimizeRequest,
-        OptimizeResult,
         Plan,
-        PlanRequest,
         ProfileResult,
-        Progress,
         RoundRecord,
+        Shape,
         ShapeSpeedup,
         TestResult,
     )
+    from kopt.run_models import (
+        Approval,
+        BestSummary,
+        CandidateOutcome,
+        OptimizeRequest,
+        OptimizeResult,
+        Progress,
+        RunState,
+        Usage,
+    )
 
 NON_RETRYABLE = ["InvalidRequest"]
-AGENT_RETRY = RetryPolicy(maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
-BUILD_RETRY = RetryPolicy(maximum_attempts=3, non_retryable_error_types=NON_RETRYABLE)
-EXEC_RETRY = RetryPolicy(maximum_attempts=3, non_retryable_error_types=NON_RETRYABLE)
+AGENT_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(minutes=2),
+                          non_retryable_error_types=NON_RETRYABLE)
+BUILD_RETRY = RetryPolicy(maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
+EXEC_RETRY = RetryPolicy(maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
 MAX_EVENTS = 200
+
+KERNEL_KEY = SearchAttributeKey.for_keyword("KoptKernel")
+TARGET_KEY = SearchAttributeKey.for_keyword("KoptTarget")
+ROUND_KEY = SearchAttributeKey.for_int("KoptRound")
+BEST_KEY = SearchAttributeKey.for_float("KoptBestSpeedup")
 
 
 def speedups(baseline: ProfileResult, candidate: ProfileResult) -> list[ShapeSpeedup]:
@@ -57,97 +85,287 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
 
 
+def shape_limits(req: OptimizeRequest) -> dict[str, int]:
+    """Upper bound per shape symbol for designed tests: the largest declared test shape's value."""
+    limits: dict[str, int] = {}
+    for shape in req.package.spec.shapes[req.target].test:
+        for k, v in shape.dims.items():
+            limits[k] = max(limits.get(k, 1), v)
+    return limits
+
+
 @workflow.defn(name=queues.WORKFLOW_NAME)
 class OptimizeKernel:
     def __init__(self) -> None:
         self._progress = Progress(phase="starting", round=0, rounds=0)
+        self._pending: str | None = None
+        self._decision: Approval | None = None
+        self._usage = Usage()
+        self._extra_shapes: list[Shape] = []  # accepted from the test designer, for every candidate
 
     @workflow.query
     def progress(self) -> Progress:
+        self._progress.usage = self._usage
         return self._progress
+
+    @workflow.update
+    async def approve(self, decision: Approval) -> str:
+        self._decision = decision
+        return f"{'accepted' if decision.accept else 'rejected'} {decision.candidate_id}"
+
+    @approve.validator
+    def _validate_approve(self, decision: Approval) -> None:
+        if self._pending is None:
+            raise ValueError("no candidate is waiting for approval")
+        if decision.candidate_id != self._pending:
+            raise ValueError(f"unknown candidate id {decision.candidate_id!r}; waiting for {self._pending!r}")
 
     def _event(self, text: str) -> None:
         self._progress.events = [*self._progress.events, text][-MAX_EVENTS:]
         self._progress.event_total += 1
 
+    # ---------------------------------------------------------------------------------- run
+
     @workflow.run
     async def run(self, req: OptimizeRequest) -> OptimizeResult:
         spec = req.package.spec
         self._progress.rounds = req.rounds
+        state = req.state
+        if state is None:
+            started = await self._start(req)
+            if isinstance(started, OptimizeResult):
+                return started
+            state = started
+        else:
+            self._progress.events, self._progress.event_total = state.events, state.event_total
+        self._usage = state.usage
+        self._extra_shapes = state.extra_test_shapes
+        self._progress.segment = state.segment
+        self._progress.best_speedup = state.best_summary.speedup_geomean
+        first_round = state.next_round
+        stop_reason = None
+
+        for rnd in range(first_round, req.rounds + 1):
+            if rnd > first_round and (rnd - first_round >= req.continue_every
+                                      or workflow.info().is_continue_as_new_suggested()):
+                self._event(f"continuing as new before round {rnd} (segment {state.segment + 1})")
+                state.next_round, state.segment = rnd, state.segment + 1
+                state.events, state.event_total, state.usage = self._progress.events, self._progress.event_total, \
+                    self._usage
+                workflow.continue_as_new(req.model_copy(update={"state": state}))
+            stop_reason = self._stop_reason(req, state)
+            if stop_reason:
+                self._event(f"stopping before round {rnd}: {stop_reason}")
+                break
+            self._progress.round = rnd
+            records = await self._round(req, state, rnd)
+            if records is None:
+                stop_reason = "the planner has nothing new to try"
+                break
+            state.rounds.extend(records)
+            improved = any(r.accepted for r in records)
+            state.rounds_since_improvement = 0 if improved else state.rounds_since_improvement + 1
+            if KERNEL_KEY in workflow.info().typed_search_attributes:  # registered on this namespace
+                workflow.upsert_search_attributes([ROUND_KEY.value_set(rnd),
+                                                   BEST_KEY.value_set(state.best_summary.speedup_geomean)])
+
+        self._progress.phase = "done"
+        return OptimizeResult(kernel=spec.name, target=req.target, gpu_class=req.gpu_class, status="completed",
+                              baseline=state.baseline, rounds=state.rounds, best=state.best_summary,
+                              segments=state.segment, stop_reason=stop_reason, usage=self._usage)
+
+    def _stop_reason(self, req: OptimizeRequest, state: RunState) -> str | None:
+        b, u = req.budgets, self._usage
+        if b.max_cost_usd is not None and u.cost_usd >= b.max_cost_usd:
+            return f"cost budget reached (${u.cost_usd:.4f} >= ${b.max_cost_usd})"
+        if b.max_tokens is not None and u.prompt_tokens + u.completion_tokens >= b.max_tokens:
+            return f"token budget reached ({u.prompt_tokens + u.completion_tokens} >= {b.max_tokens})"
+        if b.max_gpu_seconds is not None and u.device_seconds >= b.max_gpu_seconds:
+            return f"device-time budget reached ({u.device_seconds:.1f} s >= {b.max_gpu_seconds} s)"
+        if b.max_wall_time_s is not None and state.started_at is not None:
+            elapsed = workflow.now().timestamp() - state.started_at
+            if elapsed >= b.max_wall_time_s:
+                return f"wall-time budget reached ({elapsed:.0f} s >= {b.max_wall_time_s} s)"
+        if req.patience is not None and state.rounds_since_improvement >= req.patience:
+            return f"no improvement in the last {state.rounds_since_improvement} rounds"
+        return None
+
+    async def _start(self, req: OptimizeRequest) -> RunState | OptimizeResult:
+        """Round 0: the test designer (LLM providers), then the baseline's compile, test and profile."""
+        spec = req.package.spec
+        started_at = workflow.now().timestamp()
+        extra: list[Shape] = []
+        if req.provider != "offline":
+            self._progress.phase = "design_tests"
+            design: TestDesignOutput = await self._agent(
+                "design_tests", TestDesignRequest(package=req.package, target=req.target, limits=shape_limits(req),
+                                                  llm=req.llm), TestDesignOutput, req)
+            self._usage.add_calls(design.calls)
+            extra = design.review.accepted
+            self._event(f"round 0: test designer added {len(extra)} shape(s)"
+                        f"{', rejected ' + str(len(design.review.rejected)) if design.review.rejected else ''}")
         self._progress.phase = "baseline"
         self._event(f"round 0: baseline {req.baseline.id} on {queues.exec_queue(req.target, req.gpu_class)}")
-
-        baseline = await self._evaluate(req, 0, req.baseline, "baseline", "")
+        baseline = await self._evaluate(req, 0, req.baseline, "baseline", "", extra)
         if not baseline.correct or baseline.profile is None or not baseline.profile.ok:
             reason = _failure(baseline) or "baseline failed"
             self._progress.phase = "baseline_failed"
             self._event(f"baseline failed: {reason}")
             return OptimizeResult(kernel=spec.name, target=req.target, gpu_class=req.gpu_class,
-                                  status="baseline_failed", reason=reason, baseline=baseline, rounds=[], best=None)
+                                  status="baseline_failed", reason=reason, baseline=baseline, rounds=[], best=None,
+                                  usage=self._usage)
         baseline.per_shape = speedups(baseline.profile, baseline.profile)
         baseline.speedup_geomean = 1.0
         self._event(f"baseline: {_times(baseline)}")
+        best = req.baseline
+        summary = BestSummary(candidate_id=best.id, round=0, correct=True, speedup_geomean=1.0,
+                              per_shape=baseline.per_shape, tunables=best.tunables, flags=best.flags,
+                              source=best.source)
+        return RunState(baseline=baseline, best=best, best_summary=summary, best_outcome=baseline,
+                        extra_test_shapes=extra, started_at=started_at, usage=self._usage)
 
-        best, best_outcome, best_speedup = req.baseline, baseline, 1.0
-        history: list[RoundRecord] = []
-        outcomes: list[CandidateOutcome] = []
-        for rnd in range(1, req.rounds + 1):
-            self._progress.round, self._progress.phase = rnd, "plan"
-            plan: Plan = await workflow.execute_activity(
-                "plan",
-                PlanRequest(package=req.package, target=req.target, round=rnd, best=best, best_speedup=best_speedup,
-                            history=history, provider=req.provider, seed=req.seed),
-                task_queue=queues.AGENTS_QUEUE, start_to_close_timeout=queues.PLAN_TIMEOUT,
-                retry_policy=AGENT_RETRY, result_type=Plan,
-            )
-            if plan.exhausted:
-                self._event(f"round {rnd}: planner has nothing new to try; stopping")
+    # ---------------------------------------------------------------------------------- rounds
+
+    async def _round(self, req: OptimizeRequest, state: RunState, rnd: int) -> list[RoundRecord] | None:
+        """Propose N candidates, evaluate them in parallel, keep the best correct one if it is real."""
+        diagnosis = await self._diagnose(req, state) if req.provider != "offline" and not req.single_agent else None
+        proposals: list[tuple[Plan, CodeResult]] = []
+        pending = list(state.rounds)
+        for slot in range(req.candidates_per_round):
+            proposal = await self._propose(req, state, rnd, pending, diagnosis)
+            if proposal is None:
                 break
-            self._progress.phase = "code"
-            coded: CodeResult = await workflow.execute_activity(
-                "code",
-                CodeRequest(package=req.package, target=req.target, toolchain=req.toolchain, plan=plan, base=best,
-                            provider=req.provider),
-                task_queue=queues.AGENTS_QUEUE, start_to_close_timeout=queues.CODE_TIMEOUT,
-                retry_policy=AGENT_RETRY, result_type=CodeResult,
-            )
-            outcome = await self._evaluate(req, rnd, coded.candidate, plan.description, coded.diff)
+            plan, coded = proposal
+            proposals.append(proposal)
+            # Later slots see this one as tried, so each slot proposes something different.
+            pending.append(RoundRecord(round=rnd, candidate_id=coded.candidate.id, description=plan.description,
+                                       tunables=plan.tunables, flags=plan.flags, slot=slot, compiled=False,
+                                       correct=False, failure="being evaluated in this round"))
+        if not proposals:
+            self._event(f"round {rnd}: planner has nothing new to try; stopping")
+            return None
+        outcomes = await asyncio.gather(*[
+            self._candidate(req, rnd, state.best, plan, coded, diagnosis) for plan, coded in proposals])
+
+        best_slot = None
+        for slot, (outcome, _) in enumerate(outcomes):
             if outcome.correct and outcome.profile and outcome.profile.ok:
-                outcome.per_shape = speedups(baseline.profile, outcome.profile)
+                outcome.per_shape = speedups(state.baseline.profile, outcome.profile)
                 outcome.speedup_geomean = geomean([s.speedup for s in outcome.per_shape])
-            improved = outcome.speedup_geomean is not None and outcome.speedup_geomean > best_speedup * (1 + req.min_gain)
-            if improved:
-                best, best_outcome, best_speedup = coded.candidate, outcome, outcome.speedup_geomean
-                self._progress.best_speedup = best_speedup
-            outcomes.append(outcome)
-            history.append(RoundRecord(
-                round=rnd, candidate_id=coded.candidate.id, description=plan.description,
-                tunables=coded.candidate.tunables, flags=coded.candidate.flags,
-                compiled=bool(outcome.compile and outcome.compile.ok), correct=outcome.correct,
-                speedup_geomean=outcome.speedup_geomean, failure=_failure(outcome),
-            ))
+                if best_slot is None or outcome.speedup_geomean > outcomes[best_slot][0].speedup_geomean:
+                    best_slot = slot
+        accepted = None
+        if best_slot is not None:
+            outcome, cand = outcomes[best_slot]
+            if outcome.speedup_geomean > state.best_summary.speedup_geomean * (1 + req.min_gain):
+                if not req.approve or await self._await_approval(cand.id, outcome.speedup_geomean):
+                    accepted = best_slot
+                    state.best, state.best_outcome = cand, outcome
+                    state.best_summary = BestSummary(
+                        candidate_id=cand.id, round=rnd, correct=True, speedup_geomean=outcome.speedup_geomean,
+                        per_shape=outcome.per_shape, tunables=cand.tunables, flags=cand.flags, source=cand.source)
+                    self._progress.best_speedup = outcome.speedup_geomean
+
+        records = []
+        for slot, (outcome, cand) in enumerate(outcomes):
             verdict = (f"{outcome.speedup_geomean:.3f}x" if outcome.speedup_geomean is not None
                        else f"rejected ({_failure(outcome)})")
-            self._event(f"round {rnd}: {plan.description}: {verdict}{' -> new best' if improved else ''}")
+            tag = f"round {rnd}" + (f"/{slot}" if len(outcomes) > 1 else "")
+            self._event(f"{tag}: {outcome.description}: {verdict}{' -> new best' if slot == accepted else ''}")
+            records.append(RoundRecord(
+                round=rnd, candidate_id=cand.id, description=outcome.description, tunables=cand.tunables,
+                flags=cand.flags, slot=slot, compiled=bool(outcome.compile and outcome.compile.ok),
+                correct=outcome.correct, speedup_geomean=outcome.speedup_geomean, failure=_failure(outcome),
+                compile_seconds=outcome.compile.seconds if outcome.compile else None, per_shape=outcome.per_shape,
+                accepted=slot == accepted))
+        return records
 
-        self._progress.phase = "done"
-        return OptimizeResult(
-            kernel=spec.name, target=req.target, gpu_class=req.gpu_class, status="completed", baseline=baseline,
-            rounds=outcomes,
-            best=BestSummary(candidate_id=best.id, round=best_outcome.round, correct=best_outcome.correct,
-                             speedup_geomean=best_speedup, per_shape=best_outcome.per_shape,
-                             tunables=best.tunables, flags=best.flags, source=best.source),
-        )
+    async def _diagnose(self, req: OptimizeRequest, state: RunState) -> Diagnosis | None:
+        best = state.best_outcome
+        if best.profile is None:
+            return None
+        self._progress.phase = "analyze"
+        out: DiagnosisOutput = await self._agent(
+            "analyze", AnalyzeRequest(package=req.package, target=req.target, candidate=state.best,
+                                      compile=best.compile, profile=best.profile,
+                                      baseline=state.baseline.profile, llm=req.llm), DiagnosisOutput, req)
+        self._usage.add_calls(out.calls)
+        return out.diagnosis
+
+    async def _propose(self, req: OptimizeRequest, state: RunState, rnd: int, history: list[RoundRecord],
+                       diagnosis: Diagnosis | None) -> tuple[Plan, CodeResult] | None:
+        plan_req = AgentPlanRequest(package=req.package, target=req.target, round=rnd, best=state.best,
+                                    best_speedup=state.best_summary.speedup_geomean, history=history,
+                                    provider=req.provider, seed=req.seed, llm=req.llm, diagnosis=diagnosis)
+        if req.single_agent:
+            self._progress.phase = "single_agent"
+            both: SingleAgentOutput = await self._agent(
+                "single_agent", SingleAgentRequest(**dict(plan_req), toolchain=req.toolchain), SingleAgentOutput, req)
+            self._usage.add_calls(both.calls)
+            return None if both.plan.exhausted else (both.plan, both.result)
+        self._progress.phase = "plan"
+        planned: PlanOutput = await self._agent("plan", plan_req, PlanOutput, req)
+        self._usage.add_calls(planned.calls)
+        if planned.plan.exhausted:
+            return None
+        self._progress.phase = "code"
+        coded: CodeOutput = await self._agent(
+            "code", AgentCodeRequest(package=req.package, target=req.target, toolchain=req.toolchain,
+                                     plan=planned.plan, base=state.best, provider=req.provider, llm=req.llm,
+                                     diagnosis=diagnosis), CodeOutput, req)
+        self._usage.add_calls(coded.calls)
+        return planned.plan, coded.result
+
+    async def _candidate(self, req: OptimizeRequest, rnd: int, base: Candidate, plan: Plan, coded: CodeResult,
+                         diagnosis: Diagnosis | None) -> tuple[CandidateOutcome, Candidate]:
+        """Evaluate one candidate; a compile error gets one repair turn with LLM providers."""
+        cand = coded.candidate
+        outcome = await self._evaluate(req, rnd, cand, plan.description, coded.diff, self._extra_shapes)
+        if outcome.compile is not None and not outcome.compile.ok and req.provider != "offline":
+            self._event(f"round {rnd}: {cand.id} did not compile; one repair turn")
+            code_req = AgentCodeRequest(package=req.package, target=req.target, toolchain=req.toolchain, plan=plan,
+                                        base=base, provider=req.provider, llm=req.llm, diagnosis=diagnosis)
+            fixed: CodeOutput = await self._agent("repair", repair_request(code_req, cand, outcome.compile),
+                                                  CodeOutput, req)
+            self._usage.add_calls(fixed.calls)
+            cand = fixed.result.candidate
+            outcome = await self._evaluate(req, rnd, cand, f"{plan.description} (repaired)", fixed.result.diff,
+                                           self._extra_shapes)
+        return outcome, cand
+
+    async def _agent(self, name: str, arg, result_type, req: OptimizeRequest):
+        t = req.timeouts
+        timeout = t.agent_s
+        if req.llm is not None:
+            timeout = max(timeout, req.llm.activity_timeout().total_seconds())
+        return await workflow.execute_activity(
+            name, arg, task_queue=queues.AGENTS_QUEUE, start_to_close_timeout=timedelta(seconds=timeout),
+            heartbeat_timeout=timedelta(seconds=t.agent_heartbeat_s), retry_policy=AGENT_RETRY,
+            result_type=result_type)
+
+    async def _await_approval(self, candidate_id: str, speedup: float) -> bool:
+        self._pending, self._decision = candidate_id, None
+        self._progress.phase, self._progress.pending_approval = "awaiting approval", candidate_id
+        self._event(f"candidate {candidate_id} ({speedup:.3f}x) waits for approval: kopt approve RUN {candidate_id}")
+        await workflow.wait_condition(lambda: self._decision is not None)
+        accepted = self._decision.accept
+        self._pending, self._progress.pending_approval = None, None
+        self._event(f"candidate {candidate_id} {'approved' if accepted else 'rejected'}")
+        return accepted
+
+    # ---------------------------------------------------------------------------------- evaluation
 
     async def _evaluate(self, req: OptimizeRequest, rnd: int, cand: Candidate, description: str,
-                        diff: str) -> CandidateOutcome:
+                        diff: str, extra_shapes: list[Shape]) -> CandidateOutcome:
+        t = req.timeouts
         outcome = CandidateOutcome(round=rnd, candidate_id=cand.id, description=description,
                                    tunables=cand.tunables, flags=cand.flags, diff=diff)
         self._progress.phase = "compile"
         compiled: CompileResult = await workflow.execute_activity(
             "compile", CompileRequest(package=req.package, target=req.target, toolchain=req.toolchain, candidate=cand),
-            task_queue=queues.build_queue(req.toolchain), start_to_close_timeout=queues.COMPILE_TIMEOUT,
-            retry_policy=BUILD_RETRY, result_type=CompileResult,
+            task_queue=queues.build_queue(req.toolchain), start_to_close_timeout=timedelta(seconds=t.compile_s),
+            heartbeat_timeout=timedelta(seconds=t.compile_heartbeat_s), retry_policy=BUILD_RETRY,
+            result_type=CompileResult,
         )
         outcome.compile = compiled
         if not compiled.ok or compiled.library is None:
@@ -155,32 +373,31 @@ class OptimizeKernel:
         shapes = req.package.spec.shapes[req.target]
         exec_q = queues.exec_queue(req.target, req.gpu_class)
 
-        def exec_request(kind: str) -> ExecRequest:
-            return ExecRequest(package=req.package, target=req.target, candidate_id=cand.id,
-                               library=compiled.library, shapes=getattr(shapes, kind),
-                               dtypes=req.package.spec.dtypes, seed=req.seed * 1_000_003 + rnd)
+        async def run_exec(kind: str, shape_list: list[Shape], result_type):
+            request = ExecRequest(package=req.package, target=req.target, candidate_id=cand.id,
+                                  library=compiled.library, shapes=shape_list, dtypes=req.package.spec.dtypes,
+                                  seed=req.seed * 1_000_003 + rnd)
+            self._progress.phase = kind
+            result = await workflow.execute_activity(
+                kind, request, task_queue=exec_q, start_to_close_timeout=timedelta(seconds=t.exec_s),
+                heartbeat_timeout=timedelta(seconds=t.exec_heartbeat_s), retry_policy=EXEC_RETRY,
+                result_type=result_type,
+            )
+            self._usage.device_seconds += result.seconds
+            return result
 
-        self._progress.phase = "test"
-        tested: TestResult = await workflow.execute_activity(
-            "test", exec_request("test"), task_queue=exec_q, start_to_close_timeout=queues.EXEC_TIMEOUT,
-            heartbeat_timeout=queues.EXEC_HEARTBEAT, retry_policy=EXEC_RETRY, result_type=TestResult,
-        )
-        outcome.test = tested
-        outcome.correct = tested.correct
-        if not tested.correct:
-            return outcome
-        self._progress.phase = "profile"
-        outcome.profile = await workflow.execute_activity(
-            "profile", exec_request("bench"), task_queue=exec_q, start_to_close_timeout=queues.EXEC_TIMEOUT,
-            heartbeat_timeout=queues.EXEC_HEARTBEAT, retry_policy=EXEC_RETRY, result_type=ProfileResult,
-        )
+        tested: TestResult = await run_exec("test", [*shapes.test, *extra_shapes], TestResult)
+        outcome.test, outcome.correct = tested, tested.correct
+        if tested.correct:
+            outcome.profile = await run_exec("profile", shapes.bench, ProfileResult)
         return outcome
 
 
 def _failure(outcome: CandidateOutcome) -> str | None:
     if outcome.compile is not None and not outcome.compile.ok:
-        tail = outcome.compile.log_tail.strip().splitlines()
-        return "compile error: " + (tail[-1] if tail else "no compiler output")
+        lines = outcome.compile.log_tail.strip().splitlines()
+        errors = [line for line in lines if "error" in line.lower()]
+        return "compile error: " + ((errors or lines or ["no compiler output"])[0]).strip()
     if outcome.test is not None and not outcome.test.correct:
         return f"wrong result: {outcome.test.reason}"
     if outcome.profile is not None and not outcome.profile.ok:

@@ -1,0 +1,184 @@
+"""Reconstruct a run, round by round, from workflow history alone (across continue-as-new)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from kopt.agent_models import (
+    AgentCodeRequest,
+    AgentPlanRequest,
+    AnalyzeRequest,
+    CodeOutput,
+    Diagnosis,
+    DiagnosisOutput,
+    LLMCall,
+    PlanOutput,
+    RepairRequest,
+    SingleAgentOutput,
+    SingleAgentRequest,
+    TestDesignOutput,
+    TestDesignRequest,
+)
+from kopt.models import CodeResult, CompileRequest, CompileResult, ExecRequest, Plan, ProfileResult, TestResult
+from kopt.run_models import OptimizeRequest, OptimizeResult
+
+INPUT_TYPES = {"plan": AgentPlanRequest, "code": AgentCodeRequest, "repair": RepairRequest,
+               "single_agent": SingleAgentRequest, "analyze": AnalyzeRequest, "design_tests": TestDesignRequest,
+               "compile": CompileRequest, "test": ExecRequest, "profile": ExecRequest}
+RESULT_TYPES = {"plan": PlanOutput, "code": CodeOutput, "repair": CodeOutput, "single_agent": SingleAgentOutput,
+                "analyze": DiagnosisOutput, "design_tests": TestDesignOutput, "compile": CompileResult,
+                "test": TestResult, "profile": ProfileResult}
+
+
+class ActivityCall(BaseModel):
+    activity: str
+    task_queue: str
+    input: Any = None
+    result: Any = None
+    failure: str | None = None
+    attempts: int = 0  # attempt number of the final try, 0 while not started
+
+
+class RoundView(BaseModel):
+    round: int
+    segment: int
+    candidate_id: str | None = None
+    plan: Plan | None = None
+    code: CodeResult | None = None
+    compile: CompileResult | None = None
+    test: TestResult | None = None
+    profile: ProfileResult | None = None
+    diagnosis: Diagnosis | None = None
+    llm_calls: list[LLMCall] = Field(default_factory=list)  # every prompt and response of the round
+    calls: list[ActivityCall] = Field(default_factory=list)
+
+
+class RunView(BaseModel):
+    workflow_id: str
+    run_ids: list[str]  # oldest segment first
+    request: OptimizeRequest | None = None
+    result: OptimizeResult | None = None
+    status: str = "running"
+    rounds: list[RoundView] = Field(default_factory=list)
+
+
+def _decode(payloads, type_) -> Any:
+    if not payloads.payloads:
+        return None
+    return pydantic_data_converter.payload_converter.from_payloads(payloads.payloads, [type_])[0]
+
+
+def activity_calls(history: WorkflowHistory) -> list[ActivityCall]:
+    """Every activity of one history segment, in scheduling order, with input, result and attempts."""
+    calls: dict[int, ActivityCall] = {}
+    started: dict[int, int] = {}
+    for e in history.events:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            a = e.activity_task_scheduled_event_attributes
+            name = a.activity_type.name
+            calls[e.event_id] = ActivityCall(activity=name, task_queue=a.task_queue.name,
+                                             input=_decode(a.input, INPUT_TYPES.get(name, dict)))
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            a = e.activity_task_started_event_attributes
+            started[e.event_id] = a.scheduled_event_id
+            calls[a.scheduled_event_id].attempts = a.attempt
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            a = e.activity_task_completed_event_attributes
+            call = calls[a.scheduled_event_id]
+            call.result = _decode(a.result, RESULT_TYPES.get(call.activity, dict))
+        elif e.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED, EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT):
+            a = (e.activity_task_failed_event_attributes if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
+                 else e.activity_task_timed_out_event_attributes)
+            calls[a.scheduled_event_id].failure = a.failure.message
+    return list(calls.values())
+
+
+def rounds_of(calls: list[ActivityCall], baseline_id: str | None, segment: int) -> list[RoundView]:
+    """Group a segment's activity calls into rounds (round 0 is the test design and the baseline).
+
+    With several candidates per round there is one view per candidate; an analyst's diagnosis
+    belongs to the candidates planned after it.
+    """
+    rounds: list[RoundView] = []
+    by_candidate: dict[str, RoundView] = {}
+    zero = RoundView(round=0, segment=segment, candidate_id=baseline_id)
+    diagnosis: tuple[Diagnosis | None, list[LLMCall]] = (None, [])
+    for call in calls:
+        out = call.result
+        llm = list(getattr(out, "calls", []) or [])
+        if call.activity == "design_tests":
+            zero.llm_calls += llm
+            zero.calls.append(call)
+        elif call.activity == "analyze":
+            diagnosis = (out.diagnosis if out else None, llm)
+        elif call.activity in ("plan", "single_agent"):
+            view = RoundView(round=call.input.round, segment=segment, plan=out.plan if out else None,
+                             diagnosis=diagnosis[0], llm_calls=[*diagnosis[1], *llm], calls=[call])
+            diagnosis = (diagnosis[0], [])
+            if call.activity == "single_agent" and out is not None:
+                view.code = out.result
+                view.candidate_id = out.result.candidate.id
+                by_candidate[view.candidate_id] = view
+            rounds.append(view)
+        elif call.activity in ("code", "repair"):
+            view = (by_candidate.get(call.input.failed.id) if call.activity == "repair"
+                    else next((r for r in reversed(rounds) if r.plan == call.input.plan and r.code is None),
+                              rounds[-1]))
+            view.code = out.result if out else None
+            view.llm_calls += llm
+            view.calls.append(call)
+            if out is not None:
+                view.candidate_id = out.result.candidate.id
+                by_candidate[view.candidate_id] = view
+        else:
+            cand = call.input.candidate.id if call.activity == "compile" else call.input.candidate_id
+            view = by_candidate.get(cand)
+            if view is None and cand == baseline_id:
+                view = by_candidate[cand] = zero
+            if view is None:
+                continue
+            setattr(view, call.activity, out)
+            view.calls.append(call)
+    if zero.calls or baseline_id in by_candidate:
+        rounds.insert(0, zero)
+    return rounds
+
+
+async def segments(client: Client, workflow_id: str, run_id: str | None = None) -> list[WorkflowHistory]:
+    """The histories of a run, oldest first, following continue-as-new links back from `run_id`."""
+    chain: list[WorkflowHistory] = []
+    handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+    while True:
+        history = await handle.fetch_history()
+        chain.append(history)
+        first = history.events[0].workflow_execution_started_event_attributes
+        if not first.continued_execution_run_id:
+            break
+        handle = client.get_workflow_handle(workflow_id, run_id=first.continued_execution_run_id)
+    return list(reversed(chain))
+
+
+async def load_run(client: Client, workflow_id: str, run_id: str | None = None) -> RunView:
+    histories = await segments(client, workflow_id, run_id)
+    view = RunView(workflow_id=workflow_id, run_ids=[h.run_id for h in histories])
+    for i, history in enumerate(histories, start=1):
+        first = history.events[0].workflow_execution_started_event_attributes
+        if view.request is None:
+            view.request = _decode(first.input, OptimizeRequest)
+        baseline_id = view.request.baseline.id if view.request else None
+        view.rounds.extend(rounds_of(activity_calls(history), baseline_id, i))
+    last = histories[-1].events[-1]
+    if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+        view.status = "completed"
+        view.result = _decode(last.workflow_execution_completed_event_attributes.result, OptimizeResult)
+    elif last.event_type in (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+                             EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
+                             EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
+                             EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT):
+        view.status = EventType.Name(last.event_type).removeprefix("EVENT_TYPE_WORKFLOW_EXECUTION_").lower()
+    return view

@@ -1,0 +1,192 @@
+"""Reading runs back: runs, status, watch, history, export, replay, approve, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import sys
+from contextlib import asynccontextmanager
+
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from kopt.client import connect
+from kopt.errors import UsageError
+from kopt.history import RunView, load_run, segments
+from kopt.run_models import Approval, Progress
+from kopt.settings import Settings
+from workflows.optimize import BEST_KEY, KERNEL_KEY, ROUND_KEY, TARGET_KEY, OptimizeKernel
+
+
+@asynccontextmanager
+async def reader(settings: Settings):
+    """A client for the configured cluster, or for the embedded server (started on its database)."""
+    from kopt.server import start_dev_server
+
+    server = None
+    if settings.temporal_address:
+        address = settings.temporal_address
+    else:
+        if not settings.server_db.exists():
+            raise UsageError(f"no kopt runs yet: {settings.server_db} does not exist (set KOPT_HOME or "
+                             "KOPT_TEMPORAL_ADDRESS)")
+        server = start_dev_server(settings.server_db, settings.server_port, settings.ui_port)
+        address = server.address
+    try:
+        yield await connect(address, settings)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+async def view(client: Client, run: str) -> RunView:
+    try:
+        return await load_run(client, run)
+    except Exception as exc:  # noqa: BLE001 - an unknown id is the usual cause
+        raise UsageError(f"cannot read run {run!r}: {exc}") from None
+
+
+async def list_runs(client: Client, limit: int, out=sys.stdout) -> list[dict]:
+    rows = []
+    query = 'WorkflowType = "OptimizeKernel"'
+    async for wf in client.list_workflows(query, limit=limit):
+        sa = wf.typed_search_attributes
+        rows.append({"run": wf.id, "run_id": wf.run_id, "status": wf.status.name.lower() if wf.status else "",
+                     "kernel": sa.get(KERNEL_KEY), "target": sa.get(TARGET_KEY), "round": sa.get(ROUND_KEY),
+                     "best_speedup": sa.get(BEST_KEY), "started": wf.start_time.isoformat()})
+    print(f"{'run':44} {'status':10} {'kernel':20} {'target':6} {'round':>5} {'best':>7}", file=out)
+    for r in rows:
+        best = f"{r['best_speedup']:.3f}x" if r["best_speedup"] is not None else "-"
+        print(f"{r['run']:44} {r['status']:10} {str(r['kernel']):20} {str(r['target']):6} "
+              f"{str(r['round'] if r['round'] is not None else '-'):>5} {best:>7}", file=out)
+    return rows
+
+
+async def status(client: Client, run: str, out=sys.stdout) -> Progress | None:
+    handle = client.get_workflow_handle(run)
+    try:
+        desc = await handle.describe()
+    except Exception as exc:  # noqa: BLE001
+        raise UsageError(f"unknown run {run!r}: {exc}") from None
+    print(f"run {run}: {desc.status.name.lower() if desc.status else 'unknown'} (Temporal run {desc.run_id})",
+          file=out)
+    try:
+        progress = await handle.query("progress", result_type=Progress)
+    except Exception:  # noqa: BLE001 - no worker to answer; history still tells the rest
+        print("  (progress unavailable: no workflow worker is running; see `kopt history`)", file=out)
+        return None
+    best = f"{progress.best_speedup:.3f}x" if progress.best_speedup else "-"
+    print(f"  phase {progress.phase}, round {progress.round}/{progress.rounds}, segment {progress.segment}, "
+          f"best {best}", file=out)
+    if progress.pending_approval:
+        print(f"  waiting for approval of {progress.pending_approval}", file=out)
+    for event in progress.events[-5:]:
+        print(f"  {event}", file=out)
+    return progress
+
+
+async def watch(client: Client, run: str, out=sys.stdout, interval: float = 1.0) -> None:
+    """Live view: a progress bar and new events until the run closes."""
+    handle = client.get_workflow_handle(run)
+    seen = 0
+    while True:
+        desc = await handle.describe()
+        try:
+            p = await handle.query("progress", result_type=Progress)
+        except Exception:  # noqa: BLE001
+            p = None
+        if p is not None:
+            fresh = p.event_total - seen
+            for event in p.events[-fresh:] if fresh > 0 else []:
+                print(f"  {event}", file=out)
+            seen = p.event_total
+            done = min(p.round, p.rounds)
+            bar = "#" * int(30 * done / max(p.rounds, 1))
+            best = f"{p.best_speedup:.3f}x" if p.best_speedup else "-"
+            print(f"[{bar:30}] round {done}/{p.rounds} {p.phase:18} best {best}", file=out, flush=True)
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            print(f"run {run}: {desc.status.name.lower()}", file=out)
+            return
+        await asyncio.sleep(interval)
+
+
+def history_text(view: RunView) -> str:
+    lines = [f"run {view.workflow_id}: {view.status}, {len(view.run_ids)} segment(s)"]
+    for r in view.rounds:
+        head = f"round {r.round} (segment {r.segment}) candidate {r.candidate_id}"
+        lines.append(head)
+        if r.plan:
+            lines.append(f"  plan: {r.plan.description}")
+            lines.append(f"    why: {r.plan.rationale}")
+        if r.code:
+            lines.append(f"  code: flags {' '.join(r.code.candidate.flags)}")
+            lines.extend(f"    {d}" for d in r.code.diff.splitlines())
+        if r.compile:
+            lines.append(f"  compile: {'ok' if r.compile.ok else 'FAILED'} in {r.compile.seconds:.2f}s "
+                         f"({' '.join(r.compile.command[:1])})")
+            lines.extend(f"    {u}" for u in r.compile.resource_usage.splitlines()[:4])
+            if not r.compile.ok:
+                lines.extend(f"    {t}" for t in r.compile.log_tail.splitlines()[-5:])
+        if r.test:
+            lines.append(f"  test: {'correct' if r.test.correct else 'REJECTED: ' + str(r.test.reason)}")
+        if r.profile:
+            for t in r.profile.timings:
+                sol = f" {t.pct_sol:.1f}%SOL" if t.pct_sol is not None else ""
+                lines.append(f"  time: {t.shape} {t.dtype} median {t.median_us:.2f}us ({t.samples} samples){sol}")
+        retries = [f"{c.activity} x{c.attempts}" for c in r.calls if c.attempts > 1]
+        if retries:
+            lines.append(f"  retried: {', '.join(retries)}")
+    if view.result and view.result.best:
+        b = view.result.best
+        lines.append(f"best: {b.candidate_id} (round {b.round}) {b.speedup_geomean:.3f}x")
+    return "\n".join(lines)
+
+
+def export(view: RunView, fmt: str) -> str:
+    if fmt == "json":
+        return view.model_dump_json(indent=2)
+    text = history_text(view)
+    if fmt == "md":
+        return f"# kopt run {view.workflow_id}\n\n```\n{text}\n```\n"
+    if fmt == "html":
+        return (f"<!doctype html><html><head><meta charset='utf-8'><title>kopt run {html.escape(view.workflow_id)}"
+                f"</title></head><body><h1>kopt run {html.escape(view.workflow_id)}</h1><pre>{html.escape(text)}"
+                f"</pre></body></html>\n")
+    raise UsageError(f"unknown export format {fmt!r}; use json, md or html")
+
+
+async def replay(client: Client, run: str, out=sys.stdout) -> int:
+    """Replay every segment of a run against the current workflow code; report non-determinism."""
+    histories = await segments(client, run)
+    replayer = Replayer(workflows=[OptimizeKernel], data_converter=pydantic_data_converter)
+    failures = 0
+    for h in histories:
+        result = await replayer.replay_workflow(h, raise_on_replay_failure=False)
+        if result.replay_failure:
+            failures += 1
+            print(f"segment {h.run_id}: NON-DETERMINISTIC: {result.replay_failure}", file=out)
+        else:
+            print(f"segment {h.run_id}: replayed OK ({len(h.events)} events)", file=out)
+    return 1 if failures else 0
+
+
+async def approve(client: Client, run: str, candidate: str, accept: bool, out=sys.stdout) -> None:
+    handle = client.get_workflow_handle(run)
+    try:
+        answer = await handle.execute_update("approve", Approval(candidate_id=candidate, accept=accept),
+                                             result_type=str)
+    except Exception as exc:  # noqa: BLE001 - the validator's message is the useful part
+        cause = getattr(exc, "cause", None) or exc
+        raise UsageError(f"approval refused: {getattr(cause, 'message', None) or cause}") from None
+    print(answer, file=out)
+
+
+async def cancel(client: Client, run: str, out=sys.stdout) -> None:
+    await client.get_workflow_handle(run).cancel()
+    print(f"cancellation requested for {run}", file=out)
+
+
+def dump_json(rows) -> str:
+    return json.dumps(rows, indent=2, default=str)

@@ -1,0 +1,168 @@
+"""Contracts of the OptimizeKernel workflow: its request, state, progress and result.
+
+Separate from kopt.models because a run's request also carries the LLM provider's settings
+(kopt.agent_models). Importable inside the workflow sandbox: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from kopt.agent_models import LLMCall, LLMConfig
+from kopt.models import (
+    Candidate,
+    CompileResult,
+    DType,
+    PackageRef,
+    ProfileResult,
+    RoundRecord,
+    Shape,
+    ShapeSpeedup,
+    Target,
+    TestResult,
+)
+
+
+class Budgets(BaseModel):
+    """Limits that stop a run cleanly, keeping the best result so far (None: no limit)."""
+
+    max_cost_usd: float | None = None
+    max_tokens: int | None = None
+    max_gpu_seconds: float | None = None
+    max_wall_time_s: float | None = None
+
+
+class Usage(BaseModel):
+    """What a run has spent so far."""
+
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    unpriced_calls: int = 0
+    device_seconds: float = 0.0
+
+    def add_calls(self, calls: list[LLMCall]) -> None:
+        for c in calls:
+            self.llm_calls += 1
+            self.prompt_tokens += c.usage.prompt_tokens
+            self.completion_tokens += c.usage.completion_tokens
+            if c.cost_usd is None:
+                self.unpriced_calls += 1
+            else:
+                self.cost_usd += c.cost_usd
+
+
+class CandidateOutcome(BaseModel):
+    round: int
+    candidate_id: str
+    description: str
+    tunables: dict[str, int]
+    flags: list[str]
+    diff: str = ""
+    compile: CompileResult | None = None
+    test: TestResult | None = None
+    profile: ProfileResult | None = None
+    correct: bool = False
+    speedup_geomean: float | None = None
+    per_shape: list[ShapeSpeedup] = Field(default_factory=list)
+
+
+class ActivityTimeouts(BaseModel):
+    """Per-queue timeouts in seconds. A dead worker is noticed after its heartbeat timeout."""
+
+    agent_s: float = 300
+    agent_heartbeat_s: float = 30
+    compile_s: float = 600
+    compile_heartbeat_s: float = 10
+    exec_s: float = 1200
+    exec_heartbeat_s: float = 10  # cancellation reaches a running kernel within ~this
+
+
+class Approval(BaseModel):
+    """Update sent to a run started with --approve: accept or reject a pending new best."""
+
+    candidate_id: str
+    accept: bool = True
+
+
+class BestSummary(BaseModel):
+    candidate_id: str
+    round: int
+    correct: bool
+    speedup_geomean: float
+    per_shape: list[ShapeSpeedup]
+    tunables: dict[str, int]
+    flags: list[str]
+    source: str
+
+
+class RunState(BaseModel):
+    """What a run carries across continue-as-new: the best so far and a compact summary."""
+
+    baseline: CandidateOutcome
+    best: Candidate
+    best_summary: BestSummary
+    best_outcome: CandidateOutcome  # its compile report and profile feed the profile analyst
+    rounds: list[RoundRecord] = Field(default_factory=list)
+    next_round: int = 1
+    segment: int = 1
+    events: list[str] = Field(default_factory=list)  # progress events, so followers see no gap
+    event_total: int = 0
+    usage: Usage = Field(default_factory=Usage)
+    extra_test_shapes: list[Shape] = Field(default_factory=list)  # accepted from the test designer
+    rounds_since_improvement: int = 0
+    started_at: float | None = None  # workflow time (epoch seconds) of the first segment
+
+
+class OptimizeRequest(BaseModel):
+    package: PackageRef
+    target: Target
+    gpu_class: str | None = None  # for target cuda
+    toolchain: str
+    baseline: Candidate
+    rounds: int = 5
+    provider: str = "offline"
+    seed: int = 0
+    # A candidate replaces the best only if its geomean speedup over the best beats this margin,
+    # so timing noise is not mistaken for progress.
+    min_gain: float = 0.02
+    approve: bool = False  # wait for an Approval update before accepting a new best
+    continue_every: int = 50  # rounds per history segment (continue-as-new), also on server suggestion
+    timeouts: ActivityTimeouts = Field(default_factory=ActivityTimeouts)
+    llm: LLMConfig | None = None  # provider "openai": endpoint, models, prices (never the key)
+    candidates_per_round: int = 1
+    single_agent: bool = False  # one combined agent (the ablation Astra reports)
+    patience: int | None = None  # stop after this many rounds without an accepted improvement
+    budgets: Budgets = Field(default_factory=Budgets)
+    state: RunState | None = None  # set by continue-as-new only
+
+
+class Progress(BaseModel):
+    """Answer of the workflow's `progress` query."""
+
+    phase: str
+    round: int
+    rounds: int
+    events: list[str] = Field(default_factory=list)  # the latest events only
+    event_total: int = 0  # events ever emitted, so a follower knows how many it missed
+    best_speedup: float | None = None
+    segment: int = 1
+    usage: Usage = Field(default_factory=Usage)
+    pending_approval: str | None = None  # candidate id waiting for an Approval update
+
+
+class OptimizeResult(BaseModel):
+    kernel: str
+    target: Target
+    gpu_class: str | None
+    status: Literal["completed", "baseline_failed"]
+    reason: str | None = None
+    baseline: CandidateOutcome
+    rounds: list[RoundRecord]
+    best: BestSummary | None
+    segments: int = 1
+    stop_reason: str | None = None  # why the run ended before its last round (budget, patience...)
+    usage: Usage = Field(default_factory=Usage)
