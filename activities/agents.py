@@ -2,12 +2,16 @@
 combined single agent, dispatched to the run's provider (`offline` or `openai`).
 
 Every activity returns its output together with the LLM calls it made (prompt, response, model,
-usage, cost, latency), so each call is in workflow history for audit.
+usage, cost, latency), so each call is in workflow history for audit. That includes the calls of
+earlier attempts that failed retryably (a 429, an invalid reply): their records are carried to the
+next attempt in heartbeat details, so the run's usage and budgets count the tokens they spent.
 """
 
 from __future__ import annotations
 
+from pydantic import ValidationError
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.errors import invalid_request
 from agents import offline
@@ -17,6 +21,7 @@ from kopt.agent_models import (
     AnalyzeRequest,
     CodeOutput,
     DiagnosisOutput,
+    LLMCall,
     PlanOutput,
     RepairRequest,
     SingleAgentOutput,
@@ -43,12 +48,38 @@ def _roles():
     return roles
 
 
+def _earlier_calls() -> list[LLMCall]:
+    """Records of this activity's failed earlier attempts, carried here in heartbeat details."""
+    calls = []
+    for detail in activity.info().heartbeat_details:
+        try:
+            calls.append(LLMCall.model_validate(detail))
+        except ValidationError:  # e.g. the "waiting for the model" heartbeat of an attempt that died
+            continue
+    return calls
+
+
+async def _carrying(role_call):
+    """Await a role; its calls come back with the earlier attempts' calls in front. A retryable failure
+    heartbeats all records so far for the next attempt; a final one carries them in its details."""
+    earlier = _earlier_calls()
+    try:
+        *out, calls = await role_call
+    except ApplicationError as err:
+        dumped = [c.model_dump(mode="json") for c in earlier]
+        if not err.non_retryable:
+            activity.heartbeat(*dumped, *err.details)  # flushed before the failure is reported
+            raise
+        raise ApplicationError(err.message, *dumped, *err.details, type=err.type, non_retryable=True) from None
+    return (*out, [*earlier, *calls])
+
+
 @activity.defn(name="plan")
 async def plan(req: AgentPlanRequest) -> PlanOutput:
     _check(req.provider)
     if req.provider == "offline":
         return PlanOutput(plan=offline.plan(req), calls=[])
-    the_plan, calls = await _roles().plan(req)
+    the_plan, calls = await _carrying(_roles().plan(req))
     return PlanOutput(plan=the_plan, calls=calls)
 
 
@@ -60,7 +91,7 @@ async def code(req: AgentCodeRequest) -> CodeOutput:
             return CodeOutput(result=offline.code(req), calls=[])
         except PackageError as exc:
             raise invalid_request(f"coder could not apply the plan: {exc}") from None
-    result, calls = await _roles().code(req)
+    result, calls = await _carrying(_roles().code(req))
     return CodeOutput(result=result, calls=calls)
 
 
@@ -68,19 +99,19 @@ async def code(req: AgentCodeRequest) -> CodeOutput:
 async def repair(req: RepairRequest) -> CodeOutput:
     if req.provider != "openai":
         raise invalid_request(f"provider {req.provider!r} has no repair turn")
-    result, calls = await _roles().repair(req)
+    result, calls = await _carrying(_roles().repair(req))
     return CodeOutput(result=result, calls=calls)
 
 
 @activity.defn(name="analyze")
 async def analyze(req: AnalyzeRequest) -> DiagnosisOutput:
-    diagnosis, calls = await _roles().analyze(req)
+    diagnosis, calls = await _carrying(_roles().analyze(req))
     return DiagnosisOutput(diagnosis=diagnosis, calls=calls)
 
 
 @activity.defn(name="design_tests")
 async def design_tests(req: TestDesignRequest) -> TestDesignOutput:
-    design, calls = await _roles().design_tests(req)
+    design, calls = await _carrying(_roles().design_tests(req))
     sets = req.package.spec.shapes[req.target]
     review = validate_shapes(design.shapes, shape_symbols(req.package.spec), req.limits, sets.test)
     return TestDesignOutput(design=design, review=review, calls=calls)
@@ -96,7 +127,7 @@ async def single_agent(req: SingleAgentRequest) -> SingleAgentOutput:
         result = offline.code(CodeRequest(package=req.package, target=req.target, toolchain=req.toolchain,
                                           plan=the_plan, base=req.best, provider=req.provider))
         return SingleAgentOutput(plan=the_plan, result=result, calls=[])
-    the_plan, result, calls = await _roles().single_agent(req)
+    the_plan, result, calls = await _carrying(_roles().single_agent(req))
     return SingleAgentOutput(plan=the_plan, result=result, calls=calls)
 
 

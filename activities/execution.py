@@ -18,11 +18,11 @@ from pydantic import BaseModel
 from temporalio import activity
 
 from gpu_worker import runner
+from gpu_worker.protocol import HARNESS_VERSION
 from kopt.artifacts import ArtifactStore
 from kopt.models import ExecRequest, ProfileResult, TestResult
 
 log = structlog.get_logger(__name__)
-HARNESS_VERSION = "1"
 
 
 def _heartbeat(detail: str) -> None:
@@ -36,10 +36,8 @@ class ExecActivities:
         self.device_class = device_class
         self.cache_dir = work_dir / "eval-cache"
 
-    def _inputs(self, req: ExecRequest) -> tuple[Path, Path]:
-        lib = self.store.materialize(req.library, self.work_dir / "libs" / f"{req.library.sha256}.so")
-        package_dir = self.store.unpack_tree(req.package.files, self.work_dir / "packages")
-        return lib, package_dir
+    def _library(self, ref) -> Path:
+        return self.store.materialize(ref, self.work_dir / "libs" / f"{ref.sha256}.so")
 
     def _cache_key(self, mode: str, req: ExecRequest) -> str:
         blob = json.dumps({"mode": mode, "request": req.model_dump(mode="json", exclude={"package"}),
@@ -52,12 +50,13 @@ class ExecActivities:
         if cached.is_file():
             log.info("exec_cache_hit", mode=mode, candidate=req.candidate_id)
             return result_type.model_validate_json(cached.read_text())
-        lib, package_dir = self._inputs(req)
-        self.work_dir.mkdir(parents=True, exist_ok=True)
+        lib = self._library(req.library)
+        baseline = self._library(req.baseline_library) if req.baseline_library else None
+        package_dir = self.store.unpack_tree(req.package.files, self.work_dir / "packages")
         # An audit line per real execution: how often a candidate actually ran on this device.
         with (self.work_dir / "executions.log").open("a") as fh:
             fh.write(f"{time.time():.3f} {mode} {req.candidate_id} attempt={activity.info().attempt}\n")
-        result = await run(req, lib, package_dir, req.package.spec, heartbeat=_heartbeat)
+        result = await run(req, lib, package_dir, req.package.spec, heartbeat=_heartbeat, baseline=baseline)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(".tmp")
         tmp.write_text(result.model_dump_json())

@@ -256,9 +256,24 @@ def _status_detail(exc: openai.APIStatusError) -> str:
     return text[:DETAIL_CHARS] or "(no detail)"
 
 
+RETRYABLE_DETAIL_CHARS = 300
+
+
+def _compact(call: LLMCall) -> LLMCall:
+    """A record small enough for a retryable failure: the server keeps an attempt's failure for the
+    next attempt's history only below a size limit (4 KB by default, stack trace included) and drops
+    its details above it. The prompt is left out: the retry sends the same one, recorded there."""
+    def cut(text: str | None) -> str | None:
+        return text if text is None or len(text) <= RETRYABLE_DETAIL_CHARS else text[:RETRYABLE_DETAIL_CHARS] + "[...]"
+
+    return call.model_copy(update={"messages": [], "response_text": cut(call.response_text), "error": cut(call.error)})
+
+
 def _with_calls(err: ApplicationError, calls: list[LLMCall]) -> ApplicationError:
-    """The same error with the audit records of the calls so far as details, for history."""
-    return ApplicationError(err.message, *[c.model_dump(mode="json") for c in calls], type=err.type,
+    """The same error with the audit records of the calls so far as details, for history (compact
+    ones when Temporal may retry: see _compact)."""
+    records = calls if err.non_retryable else [_compact(c) for c in calls]
+    return ApplicationError(err.message, *[c.model_dump(mode="json") for c in records], type=err.type,
                             non_retryable=err.non_retryable, next_retry_delay=err.next_retry_delay)
 
 
@@ -285,7 +300,8 @@ async def chat_json(cfg: LLMConfig, role: str, messages: list[LLMMessage], schem
     async with openai.AsyncOpenAI(api_key=key, base_url=cfg.base_url, timeout=cfg.timeout_s, max_retries=0) as client:
         for attempt in (1, 2):
             record = LLMCall(role=role, model=model, temperature=temperature, base_url_host=host,
-                             messages=list(messages), attempt=attempt, repair=attempt > 1)
+                             messages=list(messages), attempt=attempt, repair=attempt > 1,
+                             activity_attempt=activity.info().attempt if activity.in_activity() else 1)
             calls.append(record)
             start = time.monotonic()
             try:

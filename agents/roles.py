@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, StrictInt
 from agents.llm import chat_json, render, schema_text
 from agents.playbook import PLAYBOOK
 from kopt.agent_models import (
+    EVALUATING,
     AnalyzeRequest,
     Diagnosis,
     LLMCall,
@@ -137,6 +138,8 @@ def _history(history: list[RoundRecord]) -> str:
     for h in history:
         if h.speedup_geomean is not None:
             verdict = f"{h.speedup_geomean:.3f}x"
+        elif h.failure == EVALUATING:  # a sibling candidate of this round: not a failure
+            verdict = f"{EVALUATING}; propose something different"
         elif h.failure:
             verdict = f"FAILED: {h.failure}"
         else:

@@ -1,5 +1,8 @@
 """Everything that executes kernels: device discovery, the isolated harness, checks and timing.
 
-The worker process imports only `runner` and `device` (no torch, no CUDA context); torch lives in
-the harness subprocess (`harness`, `timing`).
+The worker process imports only the parent side (`runner`, `spawn`, `protocol`, `static_checks`,
+`sanitizer`, `device`: no torch, no CUDA context). The harness child (`harness`, forked by
+`zygote`) runs the rest: `sandbox` (rlimits, seccomp), `context` and `abi` (the loaded libraries),
+`plan`/`cases`/`checks`/`correctness` (test mode), `timing`/`nvml`/`stats`/`profiling` (profile mode).
+See docs/decisions/0007-measurement.md.
 """

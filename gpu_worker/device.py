@@ -83,3 +83,41 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown cpu"
+
+
+# Datasheet peak memory bandwidth, GB/s, by GPU class (the physical limit: a cold-L2 result implying
+# more is a measurement fault). Where a class has variants, the fastest one, so no honest result
+# is ever rejected; an unknown class falls back to UNKNOWN_PEAK_FACTOR x the measured copy bandwidth.
+PEAK_BANDWIDTH_GBS: dict[str, float] = {
+    "h100": 3350.0,  # H100 SXM5 80GB HBM3
+    "h100-pcie": 2039.0,
+    "h100-nvl": 3900.0,
+    "h800": 3350.0,
+    "h200": 4800.0,
+    "h200-nvl": 4800.0,
+    "gh200": 4900.0,  # 144 GB HBM3e variant
+    "b100": 8000.0,
+    "b200": 8000.0,
+    "gb200": 8000.0,
+    "a100": 2039.0,  # 80GB SXM4
+    "a100-pcie": 1935.0,
+    "l40s": 864.0,
+    "l40": 864.0,
+    "l4": 300.0,
+    "a10g": 600.0,
+    "a10": 600.0,
+}
+UNKNOWN_PEAK_FACTOR = 1.2
+CPU_SANITY_FACTOR = 20.0  # CPU (hot caches): above 20x the DRAM copy bandwidth is not a kernel doing work
+
+
+def peak_bandwidth_gbs(target: str, device_name: str, copy_bandwidth_gbs: float) -> tuple[float, str]:
+    """(bound, what it is) above which a measured bandwidth is rejected as a measurement fault."""
+    if target == "cpu":
+        what = f"{CPU_SANITY_FACTOR:g}x the measured copy bandwidth (CPU sanity bound)"
+        return CPU_SANITY_FACTOR * copy_bandwidth_gbs, what
+    cls = gpu_class_from_name(device_name)
+    if cls in PEAK_BANDWIDTH_GBS:
+        return PEAK_BANDWIDTH_GBS[cls], f"the {cls} datasheet peak"
+    what = f"{UNKNOWN_PEAK_FACTOR:g}x the measured copy bandwidth ({cls}: no datasheet entry)"
+    return UNKNOWN_PEAK_FACTOR * copy_bandwidth_gbs, what

@@ -1,35 +1,34 @@
 """Parent side of the isolated harness: run one test or profile job in a fresh subprocess.
 
-Used by the Temporal test/profile activities. The candidate kernel runs only in the child
-(`python -m gpu_worker.harness`), so a segfault, a hang or an exit() in it is a failed result
-here, never a dead worker. This module never imports torch: the worker process must not hold a
-CUDA context of its own. Candidate failures are data; only bugs in this module raise.
+Used by the Temporal test/profile activities and by `kopt evaluate`. Before anything runs, the
+candidate's source (when given) and its library's imports pass the static checks. The kernel then
+runs only in the child (`python -m gpu_worker.harness`), so a segfault, a hang, a fork or an
+exit() in it is a failed result here, never a dead worker; on CUDA the test also runs once more
+under compute-sanitizer where it exists. This module never imports torch: the worker process must
+not hold a CUDA context of its own. Candidate failures are data; only bugs in this module raise.
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
+import secrets
 import shutil
 import signal
-import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
+from gpu_worker import sanitizer, spawn, static_checks
 from gpu_worker.device import cpu_name
-from kopt.models import DType, ExecRequest, KernelSpec, ProfileResult, Shape, Target, TestResult, Tolerance
+from gpu_worker.protocol import PROGRESS_PREFIX, HarnessJob, new_key
+from gpu_worker.sandbox import FSIZE_LIMIT, SIGSYS_REASON
+from gpu_worker.spawn import HEARTBEAT_S, Heartbeat, Outcome  # noqa: F401 - HEARTBEAT_S: tests tune it
+from kopt.models import ExecRequest, KernelSpec, ProfileResult, TestResult, Tolerance
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-HEARTBEAT_S = 5.0
-RESULT_LIMIT = 32 << 20  # bytes; a larger "result" is garbage, not a result
-TAIL_BYTES = 2048
-PROGRESS_PREFIX = "kopt-harness: "  # the child logs one such line per step (see harness.py)
+__all__ = ["DEFAULT_TOLERANCES", "HarnessJob", "PROGRESS_PREFIX", "run_harness", "run_profile", "run_test",
+           "static_check"]
 
 # MEASUREMENT.md defaults when a package is silent about a dtype.
 DEFAULT_TOLERANCES: dict[str, Tolerance] = {
@@ -37,25 +36,7 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "float16": Tolerance(rtol=1e-3, atol=1e-3),
     "bfloat16": Tolerance(rtol=1.6e-2, atol=1e-3),
 }
-
-Heartbeat = Callable[[str], None]
-
-
-class HarnessJob(BaseModel):
-    """The job file the parent writes and the harness child reads."""
-
-    mode: Literal["test", "profile"]
-    target: Target
-    candidate_id: str
-    library: str
-    package_dir: str
-    spec: KernelSpec
-    shapes: list[Shape]
-    dtypes: list[DType]
-    seed: int = 0
-    tolerances: dict[DType, Tolerance]
-    trials: int = 2
-    time_cap_s: float | None = None  # per shape and dtype; None: the target's default
+TAIL_BYTES = spawn.TAIL_BYTES
 
 
 def tolerances_for(spec: KernelSpec) -> dict[str, Tolerance]:
@@ -63,202 +44,139 @@ def tolerances_for(spec: KernelSpec) -> dict[str, Tolerance]:
     return {**DEFAULT_TOLERANCES, **spec.tolerances}
 
 
+def static_check(source: str | None, library: Path, target: str) -> tuple[list[str], list[str]]:
+    """(violations, notes) of the static checks: the source when given, the library's imports."""
+    violations = static_checks.check_source(source, target) if source is not None else []
+    notes = [] if source is not None else ["no candidate source given: source checks skipped"]
+    lib_violations, lib_notes = static_checks.check_library(Path(library), target)
+    return violations + lib_violations, notes + lib_notes
+
+
 async def run_test(
-    req: ExecRequest, library: Path, package_dir: Path, spec: KernelSpec, heartbeat: Heartbeat | None = None
-) -> TestResult:
-    """Check a compiled candidate against the package reference over req.shapes x req.dtypes."""
-    return await _run("test", req, library, package_dir, spec, heartbeat)  # type: ignore[return-value]
-
-
-async def run_profile(
-    req: ExecRequest, library: Path, package_dir: Path, spec: KernelSpec, heartbeat: Heartbeat | None = None
-) -> ProfileResult:
-    """Time a compiled candidate over req.shapes x req.dtypes (cold L2 on CUDA)."""
-    return await _run("profile", req, library, package_dir, spec, heartbeat)  # type: ignore[return-value]
-
-
-async def _run(
-    mode: Literal["test", "profile"],
-    req: ExecRequest,
-    library: Path,
-    package_dir: Path,
-    spec: KernelSpec,
-    heartbeat: Heartbeat | None,
-) -> TestResult | ProfileResult:
-    job = HarnessJob(
-        mode=mode,
-        target=req.target,
-        candidate_id=req.candidate_id,
-        library=str(Path(library).resolve()),
-        package_dir=str(Path(package_dir).resolve()),
-        spec=spec,
-        shapes=req.shapes,
-        dtypes=req.dtypes,
-        seed=req.seed,
-        tolerances=tolerances_for(spec),
-    )
+    req: ExecRequest, library: Path, package_dir: Path, spec: KernelSpec, heartbeat: Heartbeat | None = None,
+    baseline: Path | None = None,
+) -> TestResult:  # fmt: skip
+    """Check a compiled candidate against the package reference over req.shapes x req.dtypes (plus
+    edge shapes and input variants); `baseline`: the baseline library, for calibrated tolerances."""
     start = time.monotonic()
-    workdir = Path(tempfile.mkdtemp(prefix=f"kopt-{mode}-"))
-    try:
-        outcome = await _spawn(job, workdir, req.timeout_s, heartbeat)
-        result = _interpret(job, outcome)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    violations, notes = static_check(req.source, library, req.target)
+    if violations:
+        return TestResult(
+            candidate_id=req.candidate_id, correct=False, reason=f"static check: {violations[0]}",
+            static_violations=violations, notes=notes, device=_device(req.target), seconds=time.monotonic() - start,
+        )  # fmt: skip
+    job = _job("test", req, library, package_dir, spec, baseline)
+    result: TestResult = await _run(job, req.timeout_s, heartbeat)  # type: ignore[assignment]
+    result.notes = notes + result.notes
+    if result.correct and req.target == "cuda" and req.sanitize:
+        ok, summary = await sanitizer.run(_job("test", req, library, package_dir, spec, None), req, heartbeat)
+        result.sanitizer = summary
+        if ok is False:
+            result.correct, result.reason = False, summary
     result.seconds = time.monotonic() - start
     return result
 
 
-@dataclass(frozen=True)
-class _Outcome:
-    returncode: int | None
-    timed_out: bool
-    timeout_s: float
-    data: bytes  # what the child wrote to the result pipe
-    log: str  # the end of the child's stdout + stderr
+async def run_profile(
+    req: ExecRequest, library: Path, package_dir: Path, spec: KernelSpec, heartbeat: Heartbeat | None = None,
+    baseline: Path | None = None,
+) -> ProfileResult:  # fmt: skip
+    """Time a compiled candidate over req.shapes x req.dtypes (cold L2 or graph mode on CUDA);
+    with `baseline`, interleaved A/B against it in the same process (result.ab)."""
+    start = time.monotonic()
+    job = _job("profile", req, library, package_dir, spec, baseline)
+    result: ProfileResult = await _run(job, req.timeout_s, heartbeat)  # type: ignore[assignment]
+    result.seconds = time.monotonic() - start
+    return result
 
 
-async def _spawn(job: HarnessJob, workdir: Path, timeout_s: float, heartbeat: Heartbeat | None) -> _Outcome:
-    job_path = workdir / "job.json"
-    job_path.write_text(job.model_dump_json())
-    log_path = workdir / "child.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p),
-        "PYTHONFAULTHANDLER": "1",  # a Python stack in the log when the kernel segfaults
-        "PYTHONUNBUFFERED": "1",  # progress lines reach the log before a crash
-    }
-    loop = asyncio.get_running_loop()
-    r, w = os.pipe()
-    reader_transport = proc = read_task = wait_task = None
+async def run_harness(
+    mode: Literal["test", "profile"], req: ExecRequest, library: Path, package_dir: Path, spec: KernelSpec,
+    heartbeat: Heartbeat | None = None, baseline: Path | None = None,
+) -> TestResult | ProfileResult:  # fmt: skip
+    """The isolated run alone, without the static checks or the sanitizer: for tests that must show
+    the runtime layer catches a cheat on its own, and for benchmarks."""
+    start = time.monotonic()
+    result = await _run(_job(mode, req, library, package_dir, spec, baseline), req.timeout_s, heartbeat)
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def _job(
+    mode: Literal["test", "profile"], req: ExecRequest, library: Path, package_dir: Path, spec: KernelSpec,
+    baseline: Path | None,
+) -> HarnessJob:  # fmt: skip
+    return HarnessJob(
+        mode=mode, target=req.target, candidate_id=req.candidate_id, library=str(Path(library).resolve()),
+        package_dir=str(Path(package_dir).resolve()), spec=spec, shapes=req.shapes, dtypes=req.dtypes,
+        seed=req.seed, salt=secrets.token_hex(8), tolerances=tolerances_for(spec), trials=req.trials,
+        time_cap_s=req.time_cap_s, baseline_library=str(Path(baseline).resolve()) if baseline else None,
+        baseline_id=req.baseline_id, baseline_errors=req.baseline_errors, edge_shapes=req.edge_shapes,
+        timing_mode=req.timing_mode, memory_limit_mb=req.memory_limit_mb, noise_floor=req.noise_floor,
+    )  # fmt: skip
+
+
+async def _run(job: HarnessJob, timeout_s: float, heartbeat: Heartbeat | None,
+               prefix: list[str] | None = None) -> TestResult | ProfileResult:  # fmt: skip
+    workdir = Path(tempfile.mkdtemp(prefix=f"kopt-{job.mode}-"))
     try:
-        with open(log_path, "wb") as log:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gpu_worker.harness", str(job_path), str(w),
-                pass_fds=(w,), start_new_session=True, cwd=REPO_ROOT, env=env,
-                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-            )  # fmt: skip
-        os.close(w)
-        w = -1
-        reader = asyncio.StreamReader(limit=RESULT_LIMIT)
-        reader_transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(r, "rb", buffering=0)
-        )
-        r = -1  # owned by the transport now
-        read_task = asyncio.create_task(_read_capped(reader))
-        wait_task = asyncio.create_task(proc.wait())
-        timed_out = await _wait(wait_task, timeout_s, heartbeat, job)
-        if timed_out:
-            _kill_group(proc.pid)
-            await proc.wait()
-        else:
-            _kill_group(proc.pid)  # leftovers the kernel may have forked
-        # EOF comes once every holder of the write end is gone; bound the wait in case one escaped.
-        try:
-            data = await asyncio.wait_for(read_task, timeout=5.0)
-        except asyncio.TimeoutError:
-            data = b""
-        return _Outcome(proc.returncode, timed_out, timeout_s, data, _read_end(log_path))
+        outcome = await spawn.spawn(job, new_key(), workdir, timeout_s, heartbeat, prefix)
+        return interpret(job, outcome)
     finally:
-        # Runs on cancellation too: never leave a candidate running behind a cancelled activity.
-        if proc is not None and proc.returncode is None:
-            _kill_group(proc.pid)
-        for task in (read_task, wait_task):
-            if task is not None and not task.done():
-                task.cancel()
-        if reader_transport is not None:
-            reader_transport.close()
-        for fd in (r, w):
-            if fd >= 0:
-                os.close(fd)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
-async def _wait(wait_task: asyncio.Task, timeout_s: float, heartbeat: Heartbeat | None, job: HarnessJob) -> bool:
-    """Wait for the child, heartbeating every HEARTBEAT_S; True when the timeout passed first."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    deadline = start + timeout_s
-    while True:
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            return True
-        done, _ = await asyncio.wait({wait_task}, timeout=min(HEARTBEAT_S, remaining))
-        if done:
-            return False
-        if heartbeat is not None:
-            heartbeat(f"{job.mode} {job.candidate_id}: running for {loop.time() - start:.0f} s")
-
-
-async def _read_capped(reader: asyncio.StreamReader) -> bytes:
-    chunks, size = [], 0
-    while chunk := await reader.read(1 << 16):
-        size += len(chunk)
-        if size > RESULT_LIMIT:
-            return b""
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _interpret(job: HarnessJob, out: _Outcome) -> TestResult | ProfileResult:
-    """Turn the child's exit status and result bytes into a result model."""
-    during = _last_progress(out.log)
+def interpret(job: HarnessJob, out: Outcome) -> TestResult | ProfileResult:
+    """Turn the child's exit status and authenticated frames into a result model."""
+    during = out.frames.last_step
     where = f" (during {during})" if during else ""
     tail = _stderr_tail(out.log)
+    if out.frames.tampered:
+        return failed(job, f"result channel tampered with: {out.frames.tampered}{where}")
     if out.timed_out:
-        return _failed(job, f"timed out after {out.timeout_s:g} s{where}")
+        return failed(job, f"timed out after {out.timeout_s:g} s{where}")
     rc = out.returncode
     if rc is not None and rc < 0:
+        sig = -rc
+        if sig == signal.SIGSYS:
+            return failed(job, f"killed by the sandbox: {SIGSYS_REASON}{where}")
+        if sig == signal.SIGXFSZ:
+            return failed(job, f"killed: wrote more than {FSIZE_LIMIT >> 20} MiB to stdout/stderr{where}")
         try:
-            name = signal.Signals(-rc).name
+            name = signal.Signals(sig).name
         except ValueError:
-            name = f"signal {-rc}"
-        return _failed(job, f"crashed: {name}{where}\n{tail}")
+            name = f"signal {sig}"
+        return failed(job, f"crashed: {name}{where}\n{tail}")
     if rc:
-        return _failed(job, f"exited with code {rc}{where}: {tail}")
-    model = TestResult if job.mode == "test" else ProfileResult
-    if not out.data.strip():
-        return _failed(
-            job, f"harness produced no valid result: the process exited with code 0 without writing one{where} "
-            f"(does the kernel call exit()?)\n{tail}",
+        return failed(job, f"exited with code {rc}{where}: {tail}")
+    if out.frames.result is None:
+        return failed(
+            job, f"harness produced no valid result: the process exited with code 0 without an authenticated "
+            f"result{where} (does the kernel call exit()?)\n{tail}",
         )  # fmt: skip
+    if out.leftover:
+        return failed(job, f"a process started by the kernel outlived the harness (fork){where}")
+    model = TestResult if job.mode == "test" else ProfileResult
     try:
-        result = model.model_validate_json(out.data)
+        result = model.model_validate_json(out.frames.result)
     except ValidationError as exc:
-        return _failed(job, f"harness produced no valid result: {exc.errors()[0]['msg']}{where}\n{tail}")
+        return failed(job, f"harness produced no valid result: {exc.errors()[0]['msg']}{where}")
     result.candidate_id = job.candidate_id
     return result
 
 
-def _failed(job: HarnessJob, reason: str) -> TestResult | ProfileResult:
-    device = cpu_name() if job.target == "cpu" else ""
+def failed(job: HarnessJob, reason: str) -> TestResult | ProfileResult:
+    device = _device(job.target)
     if job.mode == "test":
         return TestResult(candidate_id=job.candidate_id, correct=False, reason=reason.strip(), device=device)
     return ProfileResult(candidate_id=job.candidate_id, ok=False, reason=reason.strip(), device=device)
 
 
-def _last_progress(log: str) -> str:
-    lines = [ln[len(PROGRESS_PREFIX):] for ln in log.splitlines() if ln.startswith(PROGRESS_PREFIX)]
-    return lines[-1].strip() if lines else ""
-
-
-def _read_end(path: Path) -> str:
-    """The last few KB of the child's output (enough for a stderr tail and the last progress line)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 8 * TAIL_BYTES))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
+def _device(target: str) -> str:
+    return cpu_name() if target == "cpu" else ""
 
 
 def _stderr_tail(log: str) -> str:
     """The last TAIL_BYTES of the child's output without the harness's own progress lines."""
     text = "\n".join(ln for ln in log.splitlines() if not ln.startswith(PROGRESS_PREFIX))
     return text[-TAIL_BYTES:]
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

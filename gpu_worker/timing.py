@@ -1,8 +1,13 @@
-"""The one timing primitive of kopt: sample a kernel until its mean is known, report robust stats.
+"""The one timing primitive of kopt: sample kernels in blocks until their means are known.
 
-Runs inside the harness subprocess (imports torch). CPU samples are wall-clock around a single
-call; CUDA samples are event pairs around a single call on the current stream after an L2 flush
-(MEASUREMENT.md, timing 3). Graph mode, A/B interleaving and throttle detection plug in here later.
+Runs inside the harness subprocess (imports torch). `sample` takes one measurer (a kernel alone)
+or two (baseline and candidate, A/B): blocks alternate A B B A ... in the same process, each
+block bracketed by NVML readings so blocks taken during a thermal/power slowdown are dropped and
+counted. Measurers:
+  cpu_measure    wall clock around one call (CPU caches not flushed: mode "hot-cpu")
+  cuda_measure   cold L2: a 2x-L2 buffer overwritten before each event-timed call (mode "cold")
+  GraphTimer     a CUDA graph of many back-to-back calls over rotating inputs larger than L2,
+                 event-timed per replay, reported per call (mode "graph")
 """
 
 from __future__ import annotations
@@ -16,15 +21,18 @@ from pathlib import Path
 
 import torch
 
+from gpu_worker.nvml import Monitor
+
 MIN_SAMPLES = 20
 MAX_SAMPLES = 5000
 RSE_TARGET = 0.005  # relative standard error of the mean
-TIME_CAP_S = {"cpu": 2.0, "cuda": 1.5}  # per shape and dtype, sampling only
+TIME_CAP_S = {"cpu": 2.0, "cuda": 1.5}  # per shape and dtype and kernel, sampling only
 WARMUP_S = 0.025
 WARMUP_CALLS = 10
-BATCH = 10  # samples per measurement batch (one synchronize per batch on CUDA)
+BATCH = 10  # samples per block (one synchronize per block on CUDA)
+GRAPH_BELOW_US = 20.0  # auto mode: graph mode when a cold call takes less than this
 
-# A batch measurer takes a sample count and returns that many per-call times in microseconds.
+# A measurer takes a sample count and returns that many per-call times in microseconds.
 Measure = Callable[[int], list[float]]
 
 
@@ -35,6 +43,8 @@ class Stats:
     p90_us: float
     samples: int
     rse: float
+    dropped: int = 0  # samples dropped as throttled
+    values: tuple[float, ...] = ()
 
 
 def percentile(sorted_xs: list[float], q: float) -> float:
@@ -47,11 +57,11 @@ def percentile(sorted_xs: list[float], q: float) -> float:
     return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
 
 
-def summarize(xs: list[float]) -> Stats:
+def summarize(xs: list[float], dropped: int = 0) -> Stats:
     s = sorted(xs)
     mean = statistics.fmean(s)
     rse = statistics.stdev(s) / math.sqrt(len(s)) / mean if len(s) > 1 and mean > 0 else math.inf
-    return Stats(statistics.median(s), percentile(s, 10), percentile(s, 90), len(s), rse)
+    return Stats(statistics.median(s), percentile(s, 10), percentile(s, 90), len(s), rse, dropped, tuple(xs))
 
 
 def warmup(call: Callable[[], None], sync: Callable[[], None]) -> None:
@@ -66,26 +76,71 @@ def warmup(call: Callable[[], None], sync: Callable[[], None]) -> None:
     sync()
 
 
-def sample(measure: Measure, time_cap_s: float) -> Stats:
-    """Sample until the relative standard error of the mean is below RSE_TARGET (after MIN_SAMPLES),
-    the time cap passes (after at least 3 samples, so a slow kernel still ends), or MAX_SAMPLES."""
-    xs: list[float] = []
-    # Welford running mean/variance so the stop test stays O(1) per batch.
-    mean = m2 = 0.0
+class _Running:
+    """Welford running mean/variance, so the stop test stays O(1) per block."""
+
+    def __init__(self) -> None:
+        self.xs: list[float] = []
+        self.mean = self.m2 = 0.0
+        self.dropped = 0
+
+    def add(self, batch: list[float]) -> None:
+        for x in batch:
+            self.xs.append(x)
+            delta = x - self.mean
+            self.mean += delta / len(self.xs)
+            self.m2 += delta * (x - self.mean)
+
+    @property
+    def rse(self) -> float:
+        n = len(self.xs)
+        return math.sqrt(self.m2 / (n - 1) / n) / self.mean if n > 1 and self.mean > 0 else math.inf
+
+    @property
+    def done(self) -> bool:
+        return len(self.xs) >= MAX_SAMPLES or (len(self.xs) >= MIN_SAMPLES and self.rse < RSE_TARGET)
+
+
+def sample(
+    measures: list[Measure],
+    time_cap_s: float,
+    monitor: Monitor | None = None,
+    after_block: Callable[[int], None] | None = None,
+) -> list[Stats]:
+    """Sample every measurer in alternating blocks (A B B A ...) until each one's relative standard
+    error is below RSE_TARGET (after MIN_SAMPLES) or MAX_SAMPLES, or the time cap passes (after at
+    least 3 samples each, so a slow kernel still ends). Throttled blocks are dropped and counted;
+    when every block of a side was throttled for 3 caps, its throttled samples are kept instead."""
+    sides = [_Running() for _ in measures]
+    kept_throttled = [_Running() for _ in measures]
     start = time.perf_counter()
-    while len(xs) < MAX_SAMPLES:
-        for x in measure(min(BATCH, MAX_SAMPLES - len(xs))):
-            xs.append(x)
-            delta = x - mean
-            mean += delta / len(xs)
-            m2 += delta * (x - mean)
-        n = len(xs)
-        rse = math.sqrt(m2 / (n - 1) / n) / mean if n > 1 and mean > 0 else math.inf
-        if n >= MIN_SAMPLES and rse < RSE_TARGET:
+    block = 0
+    while True:
+        order = range(len(measures)) if block % 2 == 0 else reversed(range(len(measures)))
+        for i in order:
+            if sides[i].done:
+                continue
+            before = monitor.begin() if monitor else None
+            batch = measures[i](min(BATCH, MAX_SAMPLES - len(sides[i].xs)))
+            if monitor is None or monitor.clean(before):
+                sides[i].add(batch)
+            else:
+                sides[i].dropped += len(batch)
+                kept_throttled[i].add(batch)
+            if after_block is not None:
+                after_block(i)
+        block += 1
+        if all(s.done for s in sides):
             break
-        if time.perf_counter() - start >= time_cap_s and n >= 3:
+        elapsed = time.perf_counter() - start
+        if elapsed >= time_cap_s and all(len(s.xs) >= 3 for s in sides):
             break
-    return summarize(xs)
+        if elapsed >= 3 * time_cap_s:
+            for s, t in zip(sides, kept_throttled):
+                if len(s.xs) < 3:
+                    s.add(t.xs)  # nothing clean to report: report what there is, flagged by `dropped`
+            break
+    return [summarize(s.xs, s.dropped) for s in sides]
 
 
 # ---------------------------------------------------------------- per-target measurers
@@ -111,8 +166,8 @@ class ColdL2:
     """A scratch buffer of twice the L2 size, overwritten before each timed call (cold-L2 mode)."""
 
     def __init__(self, device: torch.device) -> None:
-        l2 = torch.cuda.get_device_properties(device).L2_cache_size
-        self.buf = torch.empty(max(2 * l2, 1 << 20), dtype=torch.uint8, device=device)
+        self.l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+        self.buf = torch.empty(max(2 * self.l2_bytes, 1 << 20), dtype=torch.uint8, device=device)
 
     def flush(self) -> None:
         self.buf.zero_()
@@ -135,6 +190,47 @@ def cuda_measure(call: Callable[[], None], before: Callable[[], None], cold: Col
         return [s.elapsed_time(e) * 1e3 for s, e in events[:n]]
 
     return measure
+
+
+class GraphTimer:
+    """Calls captured back to back in one CUDA graph (one call per slot, slots rotate over inputs
+    whose total exceeds L2); a sample is one replay's event time divided by the number of calls."""
+
+    def __init__(self, capture: Callable[[int], None], calls: int, stream: torch.cuda.Stream) -> None:
+        self.calls = calls
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, stream=stream):
+            capture(torch.cuda.current_stream().cuda_stream)
+        self.events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                       for _ in range(BATCH)]  # fmt: skip
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+    def measure(self, n: int) -> list[float]:
+        stream = torch.cuda.current_stream()
+        for k in range(n):
+            self.events[k][0].record(stream)
+            self.graph.replay()
+            self.events[k][1].record(stream)
+        self.events[n - 1][1].synchronize()
+        return [s.elapsed_time(e) * 1e3 / self.calls for s, e in self.events[:n]]
+
+
+def hidden_work(call: Callable[[], None], calls: int) -> tuple[float, float]:
+    """(event seconds on the harness stream, wall seconds to a device-wide synchronize) for `calls`
+    back-to-back calls. Work a kernel hides on another stream shows in the second only."""
+    torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record(stream)
+    for _ in range(calls):
+        call()
+    end.record(stream)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    return start.elapsed_time(end) / 1e3, wall
 
 
 # ---------------------------------------------------------------- speed of light

@@ -33,6 +33,9 @@ ROLES: tuple[str, ...] = ("test_designer", "analyst", "planner", "coder", "repai
 ROLE_FALLBACK: dict[str, str] = {"repair": "coder"}
 
 ENV_PREFIX = "KOPT_OPENAI_"
+# RoundRecord.failure of a candidate proposed earlier in the same round (not evaluated yet): later
+# slots see it in their history so that they propose something else; it is not a failure.
+EVALUATING = "being evaluated in this round"
 
 
 def setting_name(field: str) -> str:
@@ -129,6 +132,7 @@ class LLMCall(BaseModel):
     latency_s: float = 0.0
     attempt: int = 1  # 2 = the one repair turn after an invalid reply
     repair: bool = False
+    activity_attempt: int = 1  # Temporal's attempt of the agent activity that made the call
 
 
 class UsageSummary(BaseModel):

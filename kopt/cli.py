@@ -66,12 +66,22 @@ def _parser() -> argparse.ArgumentParser:
     opt.add_argument("--continue-every", type=int, default=50, help="rounds per history segment")
     opt.set_defaults(func=_cmd_optimize)
 
+    ev = sub.add_parser("evaluate", help="test and profile one candidate against the package baseline (no agents)")
+    ev.add_argument("kernel_dir", type=Path)
+    ev.add_argument("--candidate", type=Path, required=True)
+    ev.add_argument("--target", default=None, help="cpu or cuda (default: from the candidate's suffix)")
+    ev.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
+    ev.set_defaults(func=_cmd_evaluate)
+
     runs = sub.add_parser("runs", help="list runs (kernel, status, round, best speedup)")
     runs.add_argument("--limit", type=int, default=50)
     runs.add_argument("--json", action="store_true")
     runs.set_defaults(func=_cmd_inspect, action="runs")
+    hist = sub.add_parser("history", help="every round of a run, from workflow history alone")
+    hist.add_argument("run")
+    hist.add_argument("--full", action="store_true", help="print every prompt and response in full")
+    hist.set_defaults(func=_cmd_inspect, action="history")
     for name, text in (("status", "a run's progress"), ("watch", "follow a run live"),
-                       ("history", "every round of a run, from workflow history alone"),
                        ("replay", "replay a run's histories against the current workflow code"),
                        ("cancel", "cancel a run (running kernels are killed)")):
         p = sub.add_parser(name, help=text)
@@ -113,6 +123,12 @@ async def _cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     return await run_optimization(req, args.kernel_dir, args.report_dir, settings)
 
 
+async def _cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
+    from kopt.evaluate import evaluate
+
+    return await evaluate(args.kernel_dir, args.candidate, args.target, args.json, settings)
+
+
 # ------------------------------------------------------------------------------------------ inspect
 
 
@@ -129,7 +145,7 @@ async def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
         elif args.action == "watch":
             await inspect.watch(client, args.run)
         elif args.action == "history":
-            print(inspect.history_text(await inspect.view(client, args.run)))
+            print(inspect.history_text(await inspect.view(client, args.run), full=args.full))
         elif args.action == "export":
             text = inspect.export(await inspect.view(client, args.run), args.format)
             if args.output:

@@ -42,6 +42,10 @@ class ActivityCall(BaseModel):
     result: Any = None
     failure: str | None = None
     attempts: int = 0  # attempt number of the final try, 0 while not started
+    last_failure: str | None = None  # why the attempt before the final one failed (a retried activity)
+    # Audit records of LLM calls that rode on failures (ApplicationError details): the previous
+    # attempt's and the final one's (which carries the earlier attempts' too: activities/agents.py).
+    failed_llm_calls: list[LLMCall] = Field(default_factory=list)
 
 
 class RoundView(BaseModel):
@@ -73,6 +77,20 @@ def _decode(payloads, type_) -> Any:
     return pydantic_data_converter.payload_converter.from_payloads(payloads.payloads, [type_])[0]
 
 
+def _llm_calls_of(failure) -> list[LLMCall]:
+    """The LLMCall records an agent activity attached to its ApplicationError (agents/llm.py)."""
+    if not failure.HasField("application_failure_info"):
+        return []
+    calls = []
+    for payload in failure.application_failure_info.details.payloads:
+        try:
+            value = pydantic_data_converter.payload_converter.from_payloads([payload])[0]
+            calls.append(LLMCall.model_validate(value))
+        except Exception:  # noqa: BLE001 - details of another kind
+            continue
+    return calls
+
+
 def activity_calls(history: WorkflowHistory) -> list[ActivityCall]:
     """Every activity of one history segment, in scheduling order, with input, result and attempts."""
     calls: dict[int, ActivityCall] = {}
@@ -86,7 +104,14 @@ def activity_calls(history: WorkflowHistory) -> list[ActivityCall]:
         elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
             a = e.activity_task_started_event_attributes
             started[e.event_id] = a.scheduled_event_id
-            calls[a.scheduled_event_id].attempts = a.attempt
+            call = calls[a.scheduled_event_id]
+            call.attempts = a.attempt
+            if a.HasField("last_failure"):
+                last = a.last_failure
+                if last.HasField("server_failure_info") and last.HasField("cause"):
+                    last = last.cause  # "Failure exceeds size limit.": the server kept a truncated copy
+                call.last_failure = last.message
+                call.failed_llm_calls += _llm_calls_of(last)
         elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             a = e.activity_task_completed_event_attributes
             call = calls[a.scheduled_event_id]
@@ -94,7 +119,9 @@ def activity_calls(history: WorkflowHistory) -> list[ActivityCall]:
         elif e.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED, EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT):
             a = (e.activity_task_failed_event_attributes if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
                  else e.activity_task_timed_out_event_attributes)
-            calls[a.scheduled_event_id].failure = a.failure.message
+            call = calls[a.scheduled_event_id]
+            call.failure = a.failure.message
+            call.failed_llm_calls += [c for c in _llm_calls_of(a.failure) if c not in call.failed_llm_calls]
     return list(calls.values())
 
 
@@ -110,7 +137,8 @@ def rounds_of(calls: list[ActivityCall], baseline_id: str | None, segment: int) 
     diagnosis: tuple[Diagnosis | None, list[LLMCall]] = (None, [])
     for call in calls:
         out = call.result
-        llm = list(getattr(out, "calls", []) or [])
+        done = list(getattr(out, "calls", []) or [])  # earlier failed attempts' calls included
+        llm = [*[c for c in call.failed_llm_calls if c not in done], *done]
         if call.activity == "design_tests":
             zero.llm_calls += llm
             zero.calls.append(call)
@@ -120,7 +148,7 @@ def rounds_of(calls: list[ActivityCall], baseline_id: str | None, segment: int) 
             view = RoundView(round=call.input.round, segment=segment, plan=out.plan if out else None,
                              diagnosis=diagnosis[0], llm_calls=[*diagnosis[1], *llm], calls=[call])
             diagnosis = (diagnosis[0], [])
-            if call.activity == "single_agent" and out is not None:
+            if call.activity == "single_agent" and out is not None and not out.plan.exhausted:  # else the best
                 view.code = out.result
                 view.candidate_id = out.result.candidate.id
                 by_candidate[view.candidate_id] = view

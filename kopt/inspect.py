@@ -112,7 +112,8 @@ async def watch(client: Client, run: str, out=sys.stdout, interval: float = 1.0)
         await asyncio.sleep(interval)
 
 
-def history_text(view: RunView) -> str:
+def history_text(view: RunView, full: bool = False) -> str:
+    """Per round: plan, LLM calls (with every prompt and response when full), diff, compile, test, timings."""
     lines = [f"run {view.workflow_id}: {view.status}, {len(view.run_ids)} segment(s)"]
     for r in view.rounds:
         head = f"round {r.round} (segment {r.segment}) candidate {r.candidate_id}"
@@ -135,6 +136,17 @@ def history_text(view: RunView) -> str:
             for t in r.profile.timings:
                 sol = f" {t.pct_sol:.1f}%SOL" if t.pct_sol is not None else ""
                 lines.append(f"  time: {t.shape} {t.dtype} median {t.median_us:.2f}us ({t.samples} samples){sol}")
+        for c in r.llm_calls:
+            cost = f" ${c.cost_usd:.4f}" if c.cost_usd is not None else ""
+            lines.append(f"  llm {c.role}: {c.model}, {c.usage.prompt_tokens}+{c.usage.completion_tokens} tokens"
+                         f"{cost}, {c.latency_s:.1f}s{' (repair turn)' if c.repair else ''}"
+                         f"{' ERROR: ' + c.error if c.error else ''}")
+            if full:
+                for m in c.messages:
+                    lines.append(f"    [{m.role}]")
+                    lines.extend(f"      {t}" for t in m.content.splitlines())
+                lines.append("    [response]")
+                lines.extend(f"      {t}" for t in (c.response_text or "").splitlines())
         retries = [f"{c.activity} x{c.attempts}" for c in r.calls if c.attempts > 1]
         if retries:
             lines.append(f"  retried: {', '.join(retries)}")
@@ -147,7 +159,7 @@ def history_text(view: RunView) -> str:
 def export(view: RunView, fmt: str) -> str:
     if fmt == "json":
         return view.model_dump_json(indent=2)
-    text = history_text(view)
+    text = history_text(view, full=True)
     if fmt == "md":
         return f"# kopt run {view.workflow_id}\n\n```\n{text}\n```\n"
     if fmt == "html":

@@ -143,6 +143,7 @@ class RoundRecord(BaseModel):
     failure: str | None = None
     compile_seconds: float | None = None
     per_shape: list[ShapeSpeedup] = Field(default_factory=list)
+    speedup_ci: list[float] | None = None  # 95% interval of the geomean speedup (interleaved A/B)
     accepted: bool = False  # became the new best
 
 
@@ -257,9 +258,11 @@ class TestResult(BaseModel):
     candidate_id: str
     correct: bool
     reason: str | None = None
-    checks: list[ShapeCheck] = Field(default_factory=list)
+    checks: list[ShapeCheck] = Field(default_factory=list)  # one per declared shape and dtype
     device: str = ""
     seconds: float = 0.0
+    # Edge shapes, input scales, special values and layouts derived from the declared suite.
+    variant_checks: list[ShapeCheck] = Field(default_factory=list)
     static_violations: list[str] = Field(default_factory=list)
     sanitizer: str | None = None  # compute-sanitizer summary, or why it did not run
     notes: list[str] = Field(default_factory=list)  # what was skipped or relaxed, and why

@@ -37,6 +37,7 @@ def build_report(run_id: str, temporal_run_id: str, req: OptimizeRequest, res: O
         },
         "segments": res.segments,
         "stop_reason": res.stop_reason,
+        "extra_test_shapes": [s.dims for s in res.extra_test_shapes],
         "usage": res.usage.model_dump(),
         "candidates_per_round": req.candidates_per_round,
         "single_agent": req.single_agent,
@@ -62,7 +63,9 @@ def render_markdown(report: dict, source_name: str) -> str:
     best = report["best"]
     if best:
         lines += [f"## Best: `{best['candidate_id']}` (round {best['round']}), "
-                  f"geomean speedup {best['speedup_geomean']:.3f}x", "",
+                  f"geomean speedup {best['speedup_geomean']:.3f}x"
+                  + (f" (95% CI {best['speedup_ci'][0]:.3f}-{best['speedup_ci'][1]:.3f})" if best.get("speedup_ci")
+                     else ""), "",
                   f"flags: `{' '.join(best['flags'])}`, tunables: `{best['tunables']}`", "",
                   "| shape | dtype | baseline us | best us | speedup | %SOL |", "| --- | --- | --- | --- | --- | --- |"]
         for s in best["per_shape"]:

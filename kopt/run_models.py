@@ -67,6 +67,7 @@ class CandidateOutcome(BaseModel):
     profile: ProfileResult | None = None
     correct: bool = False
     speedup_geomean: float | None = None
+    speedup_ci: list[float] | None = None  # 95% interval of the geomean speedup (interleaved A/B)
     per_shape: list[ShapeSpeedup] = Field(default_factory=list)
 
 
@@ -94,6 +95,7 @@ class BestSummary(BaseModel):
     correct: bool
     speedup_geomean: float
     per_shape: list[ShapeSpeedup]
+    speedup_ci: list[float] | None = None
     tunables: dict[str, int]
     flags: list[str]
     source: str
@@ -165,4 +167,5 @@ class OptimizeResult(BaseModel):
     best: BestSummary | None
     segments: int = 1
     stop_reason: str | None = None  # why the run ended before its last round (budget, patience...)
+    extra_test_shapes: list[Shape] = Field(default_factory=list)  # added by the test designer
     usage: Usage = Field(default_factory=Usage)

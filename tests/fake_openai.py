@@ -5,8 +5,10 @@ It speaks just enough of the protocol for the real `openai` client: POST /v1/cha
 the next entry of the script:
 
     Reply.json({...})             a JSON object as the message content (delay_s=2.5: answer late)
+    Reply.json({...}, prompt_tokens=None, completion_tokens=None)
+                                  usage estimated from the text (ESTIMATE_CHARS_PER_TOKEN)
     Reply.raw("not json")         any content string (malformed JSON, fenced JSON, ...)
-    Reply.refusal("I can't")      message.refusal set, content null
+    Reply.refused("I can't")      message.refusal set, content null
     Reply.filtered()              finish_reason "content_filter"
     Status(429, {"Retry-After": "7"})   an HTTP error with headers and an OpenAI-style error body
     Delay(5.0)                    answer nothing for 5 s (longer than the client's timeout)
@@ -24,13 +26,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+ESTIMATE_CHARS_PER_TOKEN = 4  # rough for English and code with GPT tokenizers; no tokenizer offline
+
+
+def estimate_tokens(text: str) -> int:
+    return -(-len(text) // ESTIMATE_CHARS_PER_TOKEN)
+
+
 @dataclass
 class Reply:
     content: str | None
     finish_reason: str = "stop"
     refusal: str | None = None
-    prompt_tokens: int = 100
-    completion_tokens: int = 50
+    prompt_tokens: int | None = 100  # None: estimated from the request's message contents
+    completion_tokens: int | None = 50  # None: estimated from the content
     model: str | None = None  # default: the model asked for
     delay_s: float = 0.0  # answer after this long
 
@@ -160,7 +169,7 @@ class FakeOpenAI:
                 else:
                     if entry.delay_s:
                         fake._stop.wait(entry.delay_s)
-                    self._send(200, _completion(entry, body.get("model", "unknown")))
+                    self._send(200, _completion(entry, body))
 
             def do_GET(self) -> None:
                 self._send(404, _error(f"no route {self.path}", "not_found"))
@@ -172,7 +181,14 @@ def _error(message: str, kind: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
-def _completion(reply: Reply, model: str) -> dict[str, Any]:
+def _completion(reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
+    model = body.get("model", "unknown")
+    prompt_tokens = reply.prompt_tokens
+    if prompt_tokens is None:
+        prompt_tokens = estimate_tokens("".join(m.get("content") or "" for m in body.get("messages", [])))
+    completion_tokens = reply.completion_tokens
+    if completion_tokens is None:
+        completion_tokens = estimate_tokens(reply.content or reply.refusal or "")
     return {
         "id": f"chatcmpl-fake-{time.monotonic_ns()}",
         "object": "chat.completion",
@@ -185,8 +201,8 @@ def _completion(reply: Reply, model: str) -> dict[str, Any]:
             "logprobs": None,
         }],
         "usage": {
-            "prompt_tokens": reply.prompt_tokens,
-            "completion_tokens": reply.completion_tokens,
-            "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
         },
     }

@@ -1,7 +1,8 @@
-"""The isolated harness on the CPU target: a correct baseline passes, every known cheat is caught.
+"""The isolated harness on the CPU target: contracts of its parts, a correct baseline passes and is
+timed, known-wrong kernels are rejected, hangs time out, cancellation kills the child.
 
-Each case spawns a real harness subprocess (~1.5 s of torch import each), so the grid is cut to
-one dtype for the wrong kernels: each of them fails on its first call whatever the dtype.
+Harness children are forked by the zygote (torch imported once), so a job costs ~0.3 s here; the
+cheat corpus (test_cheats.py) covers the full list of known cheats.
 """
 
 from __future__ import annotations
@@ -13,15 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from gpu_worker import device, runner
+from gpu_worker import device, plan, protocol, runner, spawn, static_checks
 from kopt.build import compile_command, detect_toolchain
-from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef
+from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef, Shape
 from kopt.package import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SCALE2 = FIXTURES / "scale2"
 SILU = ROOT / "kernels" / "silu_and_mul"
+NO_ARTIFACT = ArtifactRef(sha256="0" * 64, size=0, uri="file:///dev/null")
 
 # wrong kernel -> substring its rejection reason must contain (hang.cpp has a test of its own)
 WRONG = {
@@ -29,8 +31,9 @@ WRONG = {
     "off_by_one": "mismatch",
     "writes_input": "input modified",
     "segfault": "crashed: SIGSEGV",
-    "exits": "no valid result",
+    "exits": "without an authenticated result",
     "answers_once": "second call on the same buffers",
+    "floods_stdout": "wrote more than 64 MiB",
 }
 
 
@@ -41,9 +44,10 @@ def libs(tmp_path_factory) -> dict[str, Path]:
     if tc is None:
         pytest.skip("no C++ compiler (g++) on this machine")
     out = tmp_path_factory.mktemp("libs")
-    sources = {"scale2": SCALE2 / "kernel.cpp", **{name: FIXTURES / "wrong" / f"{name}.cpp" for name in [*WRONG, "hang"]}}
-    if (SILU / "kernel.cpp").is_file():
-        sources["silu_and_mul"] = SILU / "kernel.cpp"
+    sources = {"scale2": SCALE2 / "kernel.cpp"}
+    sources |= {name: FIXTURES / "wrong" / f"{name}.cpp" for name in [*WRONG, "hang"]}
+    sources["silu_and_mul"] = SILU / "kernel.cpp"
+    sources["chatty"] = FIXTURES / "chatty" / "kernel.cpp"
     procs = {
         name: subprocess.Popen(
             compile_command(tc, src, out / f"{name}.so", ["-O2"]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -61,14 +65,16 @@ def scale2() -> KernelSpec:
     return load_spec(SCALE2)
 
 
-def request(spec: KernelSpec, kind: str, dtypes: list[str], timeout_s: float = 120.0) -> ExecRequest:
-    ref = ArtifactRef(sha256="0" * 64, size=0, uri="file:///dev/null")
+def request(spec: KernelSpec, kind: str, dtypes: list[str], timeout_s: float = 120.0, **extra) -> ExecRequest:
     shapes = getattr(spec.shapes["cpu"], kind)
     return ExecRequest(
-        package=PackageRef(spec=spec, files=ref, baseline_sources={}),
-        target="cpu", candidate_id=f"{spec.name}-test", library=ref, shapes=shapes, dtypes=dtypes,
-        seed=1234, timeout_s=timeout_s,
+        package=PackageRef(spec=spec, files=NO_ARTIFACT, baseline_sources={}),
+        target="cpu", candidate_id=f"{spec.name}-test", library=NO_ARTIFACT, shapes=shapes, dtypes=dtypes,
+        seed=1234, timeout_s=timeout_s, time_cap_s=0.3, **extra,
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------- pure parts
 
 
 def test_scale2_fixture_is_a_valid_package(scale2):
@@ -77,35 +83,148 @@ def test_scale2_fixture_is_a_valid_package(scale2):
     assert [s.dims for s in scale2.shapes["cpu"].test] == [{"N": 1}, {"N": 17}, {"N": 4096}]
 
 
+def test_edge_shapes_come_from_the_declared_ones():
+    spec = load_spec(SILU)
+    edges = plan.edge_shapes(spec, spec.shapes["cpu"].test, "cpu")
+    # all ones, one symbol at a time 1 (on the largest declared shape under the budget), primes
+    assert edges == [{"T": 1, "D": 1}, {"T": 1, "D": 1000}, {"T": 7, "D": 1}, {"T": 7, "D": 997}]
+    assert all(plan.elements(spec, e) <= plan.EDGE_BUDGET["cpu"] for e in edges)
+    groups = plan.test_plan(spec, "cpu", spec.shapes["cpu"].test, ["float16"], 2, True, False)
+    assert [g.variant for g in groups[:3]] == ["", "x0.01", "x100"] and len(groups[0].cases) == 2
+    assert {g.variant for g in groups} == {"", "x0.01", "x100", "edge", "strided"}
+    assert plan.prime_at_most(4096) == 4093 and plan.next_prime(97) == 101
+
+
+def test_frames_authenticate_and_detect_tampering():
+    key = protocol.new_key()
+    good = protocol.frame(key, 0, "progress", "step one") + protocol.frame(key, 1, "result", '{"x": 1}')
+    reader = protocol.FrameReader(key=key)
+    reader.feed(good[:7])
+    reader.feed(good[7:])
+    reader.close()
+    assert (reader.tampered, reader.last_step, reader.result) == (None, "step one", '{"x": 1}')
+    for bad in (
+        b'{"candidate_id": "x", "correct": true}\n',  # plain fake JSON
+        protocol.frame(protocol.new_key(), 0, "result", "{}"),  # another key
+        protocol.frame(key, 0, "progress", "a") + protocol.frame(key, 0, "progress", "a"),  # replayed frame
+    ):
+        reader = protocol.FrameReader(key=key)
+        reader.feed(bad)
+        reader.close()
+        assert reader.tampered and reader.result is None
+
+
+def test_static_checks_on_snippets():
+    code = """
+    #include <thread>
+    #include "kopt_abi.h"
+    // cudaStreamCreate in a comment is fine
+    const char *s = "system(";
+    void f(cudaStream_t st) {
+      k<<<1, 2>>>(p);
+      k<<<1, 2, 0, st>>>(p);
+      cudaStream_t mine; cudaStreamCreate(&mine);
+      std::thread t([]{}); t.join(); obj.clone(); std::remove(a, b, c);
+      system("ls"); void *h = dlopen("libcublas.so", 0);
+    }
+    """
+    found = static_checks.check_source(code, "cuda")
+    text = "\n".join(found)
+    for what in ("includes <thread>", "without the given stream", "creates a CUDA stream", "creates a thread",
+                 "starts a process", "loads code at run time"):  # fmt: skip
+        assert what in text, text
+    assert sum("without the given stream" in v for v in found) == 1  # the launch with a stream is fine
+    assert not any("comment" in v or "clone" in v or "remove" in v for v in found), found
+
+
+def test_library_symbols_of_the_baselines_are_clean(libs):
+    for name in ("scale2", "silu_and_mul"):
+        assert static_checks.check_library(libs[name], "cpu") == ([], [])
+    violations, _ = static_checks.check_library(libs["exits"], "cpu")
+    assert any("exit" in v for v in violations)
+
+
+def test_bootstrap_interval_covers_the_true_ratio():
+    import random
+
+    from gpu_worker import stats
+
+    rng = random.Random(1)
+    base = [10.0 * rng.lognormvariate(0, 0.05) for _ in range(400)]
+    cand = [8.0 * rng.lognormvariate(0, 0.05) for _ in range(400)]
+    r = stats.ratio_of_medians(base, cand)
+    assert r.low < 1.25 < r.high and r.low > 1.2
+    same = stats.ratio_of_medians(base, base, seed=3)
+    g, lo, hi = stats.geomean_interval([r, same])
+    assert lo < g < hi and abs(g - (1.25**0.5)) < 0.02
+    assert stats.verdict(r.low, r.high, 0.01) == "faster" and stats.verdict(0.98, 1.03, 0.0) == "same"
+
+
+# ---------------------------------------------------------------- harness runs
+
+
 def test_baseline_passes(libs, scale2):
-    req = request(scale2, "test", ["float32", "float16"])
-    result = asyncio.run(runner.run_test(req, libs["scale2"], SCALE2, scale2))
+    source = (SCALE2 / "kernel.cpp").read_text()
+    req = request(scale2, "test", ["float32", "float16"], source=source)
+    result = asyncio.run(runner.run_test(req, libs["scale2"], SCALE2, scale2, baseline=libs["scale2"]))
     assert result.correct, result.reason
-    assert len(result.checks) == 3 * 2
-    assert all(c.ok and c.max_abs_err == 0.0 for c in result.checks)  # 2*x is exact in both dtypes
-    assert result.candidate_id == "scale2-test"
+    # 3 shapes x 2 dtypes declared; variants: x0.01 and x100 of each, plus one prime edge shape x 2 dtypes
+    assert len(result.checks) == 3 * 2 and len(result.variant_checks) == 3 * 2 * 2 + 2
+    checks = result.checks + result.variant_checks
+    assert all(c.ok and not c.skipped and c.max_abs_err == 0.0 for c in checks)  # 2*x is exact
+    assert all(c.baseline_max_abs_err == 0.0 and c.error_bound is not None for c in checks)
+    assert result.candidate_id == "scale2-test" and not result.static_violations
     assert result.device and result.seconds > 0
 
 
-def test_baseline_profile(libs, scale2):
+def test_baseline_profile_and_ab_against_itself(libs, scale2):
     req = request(scale2, "bench", ["float32", "float16"])
-    result = asyncio.run(runner.run_profile(req, libs["scale2"], SCALE2, scale2))
+    result = asyncio.run(runner.run_profile(req, libs["scale2"], SCALE2, scale2, baseline=libs["scale2"]))
     assert result.ok, result.reason
     assert result.copy_bandwidth_gbs and result.copy_bandwidth_gbs > 0
+    assert result.peak_bandwidth_gbs == pytest.approx(device.CPU_SANITY_FACTOR * result.copy_bandwidth_gbs)
     assert [(t.shape, t.dtype) for t in result.timings] == [("N=65536", "float32"), ("N=65536", "float16")]
     for t in result.timings:
         assert 0 < t.p10_us <= t.median_us <= t.p90_us
-        assert t.samples >= 20
+        assert t.samples >= 20 and t.mode == "hot-cpu"
         assert t.gbytes_per_s > 0 and t.pct_sol is not None and t.pct_sol > 0
+    ab = result.ab
+    assert ab is not None and len(ab.per_shape) == 2
+    for s in ab.per_shape:
+        assert s.ci_low <= s.speedup <= s.ci_high and 0.5 < s.speedup < 2.0
+    assert ab.ci_low <= ab.speedup_geomean <= ab.ci_high and ab.verdict in ("faster", "slower", "same")
 
 
-@pytest.mark.parametrize("name", list(WRONG))
-def test_wrong_kernel_is_rejected(libs, scale2, name):
+def test_impossible_bandwidth_is_a_measurement_fault(libs, scale2):
+    inflated = scale2.model_copy(update={"model": scale2.model.model_copy(update={"bytes": "2*N*elem*1000000"})})
+    req = request(inflated, "bench", ["float32"])
+    result = asyncio.run(runner.run_profile(req, libs["scale2"], SCALE2, inflated))
+    assert not result.ok and "measurement fault" in result.reason, result.reason
+
+
+def test_wrong_kernels_are_rejected(libs, scale2):
+    async def all_wrong():
+        req = request(scale2, "test", ["float32"])
+        return await asyncio.gather(*(runner.run_harness("test", req, libs[n], SCALE2, scale2) for n in WRONG))
+
+    for name, result in zip(WRONG, asyncio.run(all_wrong())):
+        assert not result.correct, name
+        assert WRONG[name] in result.reason, (name, result.reason)
+        assert result.reason.startswith(("N=1 float32", "crashed", "harness produced", "killed")), result.reason
+
+
+def test_output_printed_by_the_kernel_does_not_matter(libs, scale2):
     req = request(scale2, "test", ["float32"])
-    result = asyncio.run(runner.run_test(req, libs[name], SCALE2, scale2))
-    assert not result.correct
-    assert WRONG[name] in result.reason, result.reason
-    assert result.reason.startswith(("N=1 float32", "crashed", "harness produced")), result.reason
+    result = asyncio.run(runner.run_harness("test", req, libs["chatty"], SCALE2, scale2))
+    assert result.correct, result.reason
+
+
+def test_static_checks_reject_before_running(libs, scale2):
+    source = (FIXTURES / "wrong" / "exits.cpp").read_text()
+    result = asyncio.run(runner.run_test(request(scale2, "test", ["float32"], source=source), libs["exits"], SCALE2,
+                                         scale2))  # fmt: skip
+    assert not result.correct and result.reason.startswith("static check: ")
+    assert any("exit" in v for v in result.static_violations)
 
 
 def test_answer_once_kernel_fails_the_timed_recheck(libs, scale2):
@@ -116,36 +235,34 @@ def test_answer_once_kernel_fails_the_timed_recheck(libs, scale2):
 
 
 def test_hang_times_out_with_heartbeats(libs, scale2, monkeypatch):
-    monkeypatch.setattr(runner, "HEARTBEAT_S", 0.5)
+    monkeypatch.setattr(spawn, "HEARTBEAT_S", 0.5)
     beats: list[str] = []
-    req = request(scale2, "test", ["float32"], timeout_s=5.0)
-    result = asyncio.run(runner.run_test(req, libs["hang"], SCALE2, scale2, heartbeat=beats.append))
+    req = request(scale2, "test", ["float32"], timeout_s=4.0)
+    result = asyncio.run(runner.run_harness("test", req, libs["hang"], SCALE2, scale2, heartbeat=beats.append))
     assert not result.correct
-    assert result.reason.startswith("timed out after 5 s"), result.reason
-    # The child names its step once torch has imported (~1.5 s here, more on a loaded machine).
-    assert "(during" not in result.reason or "(during test N=1 float32 trial 0)" in result.reason
-    assert len(beats) >= 5 and "running for" in beats[-1]
+    assert result.reason == "timed out after 4 s (during test N=1 float32 trial 0)", result.reason
+    assert len(beats) >= 4 and "running for" in beats[-1] and "test N=1 float32 trial 0" in beats[-1]
 
 
 def test_cancel_kills_the_child(libs, scale2, monkeypatch):
     spawned = []
-    real_exec = asyncio.create_subprocess_exec
+    real_start = spawn._ZygoteChild.start.__func__
 
-    async def recording_exec(*args, **kwargs):
-        proc = await real_exec(*args, **kwargs)
-        spawned.append(proc.pid)
-        return proc
+    async def recording_start(cls, *args):
+        child = await real_start(cls, *args)
+        spawned.append(child.pid)
+        return child
 
-    monkeypatch.setattr(asyncio, "create_subprocess_exec", recording_exec)
+    monkeypatch.setattr(spawn._ZygoteChild, "start", classmethod(recording_start))
     req = request(scale2, "test", ["float32"], timeout_s=60.0)
 
     async def cancel_soon():
-        task = asyncio.create_task(runner.run_test(req, libs["hang"], SCALE2, scale2))
-        await asyncio.sleep(2.5)
+        task = asyncio.create_task(runner.run_harness("test", req, libs["hang"], SCALE2, scale2))
+        await asyncio.sleep(1.5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.sleep(0.5)  # let the child watcher reap it
+        await asyncio.sleep(0.5)  # let the zygote reap it
 
     asyncio.run(cancel_soon())
     assert len(spawned) == 1
@@ -153,13 +270,23 @@ def test_cancel_kills_the_child(libs, scale2, monkeypatch):
         os.kill(spawned[0], 0)
 
 
-@pytest.mark.skipif(not (SILU / "kernel.cpp").is_file(), reason="kernels/silu_and_mul/kernel.cpp not written yet")
+def test_exec_path_without_the_zygote(libs, scale2, monkeypatch):
+    monkeypatch.setenv("KOPT_HARNESS_ZYGOTE", "0")
+    req = request(scale2, "test", ["float16"], edge_shapes=False)
+    req.shapes = [Shape(dims={"N": 17})]
+    result = asyncio.run(runner.run_harness("test", req, libs["scale2"], SCALE2, scale2))
+    assert result.correct, result.reason
+    bad = asyncio.run(runner.run_harness("test", req, libs["segfault"], SCALE2, scale2))
+    assert "crashed: SIGSEGV" in bad.reason
+
+
 def test_silu_and_mul_cpu_baseline_passes(libs):
     spec = load_spec(SILU)
     req = request(spec, "test", ["float16", "bfloat16"])
     result = asyncio.run(runner.run_test(req, libs["silu_and_mul"], SILU, spec))
     assert result.correct, result.reason
     assert len(result.checks) == len(spec.shapes["cpu"].test) * 2
+    assert all(c.variant == "" for c in result.checks) and result.variant_checks
 
 
 @pytest.mark.parametrize(
@@ -180,6 +307,12 @@ def test_silu_and_mul_cpu_baseline_passes(libs):
 )
 def test_gpu_class_from_name(name, cls):
     assert device.gpu_class_from_name(name) == cls
+
+
+def test_peak_bandwidth_table():
+    assert device.peak_bandwidth_gbs("cuda", "NVIDIA H100 80GB HBM3", 3000.0)[0] == 3350.0
+    assert device.peak_bandwidth_gbs("cuda", "NVIDIA H200", 4250.0)[0] == 4800.0
+    assert device.peak_bandwidth_gbs("cuda", "NVIDIA RTX PRO 6000", 1500.0)[0] == pytest.approx(1800.0)
 
 
 def test_local_gpus_without_nvidia_smi(monkeypatch):

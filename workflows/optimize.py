@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         CodeOutput,
         Diagnosis,
         DiagnosisOutput,
+        EVALUATING,
         PlanOutput,
         SingleAgentOutput,
         SingleAgentRequest,
@@ -33,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         repair_request,
     )
     from kopt.models import (
+        ArtifactRef,
         Candidate,
         CodeResult,
         CompileRequest,
@@ -70,6 +72,11 @@ BEST_KEY = SearchAttributeKey.for_float("KoptBestSpeedup")
 
 
 def speedups(baseline: ProfileResult, candidate: ProfileResult) -> list[ShapeSpeedup]:
+    """Per-shape speedups: from the interleaved A/B when the profile has one, else from medians."""
+    sol = {(t.shape, t.dtype): t.pct_sol for t in candidate.timings}
+    if candidate.ab is not None and candidate.ab.per_shape:
+        return [ShapeSpeedup(shape=a.shape, dtype=a.dtype, baseline_us=a.baseline_us, candidate_us=a.candidate_us,
+                             speedup=a.speedup, pct_sol=sol.get((a.shape, a.dtype))) for a in candidate.ab.per_shape]
     base = {(t.shape, t.dtype): t for t in baseline.timings}
     out = []
     for t in candidate.timings:
@@ -79,6 +86,11 @@ def speedups(baseline: ProfileResult, candidate: ProfileResult) -> list[ShapeSpe
         out.append(ShapeSpeedup(shape=t.shape, dtype=t.dtype, baseline_us=b.median_us, candidate_us=t.median_us,
                                 speedup=b.median_us / t.median_us, pct_sol=t.pct_sol))
     return out
+
+
+def significant(profile: ProfileResult) -> bool:
+    """A speedup over the baseline is real only if the A/B interval clears the noise floor."""
+    return profile.ab is None or profile.ab.verdict == "faster"
 
 
 def geomean(values: list[float]) -> float:
@@ -102,6 +114,7 @@ class OptimizeKernel:
         self._decision: Approval | None = None
         self._usage = Usage()
         self._extra_shapes: list[Shape] = []  # accepted from the test designer, for every candidate
+        self._baseline_library: ArtifactRef | None = None  # calibrates and A/B-times every candidate
 
     @workflow.query
     def progress(self) -> Progress:
@@ -140,6 +153,7 @@ class OptimizeKernel:
             self._progress.events, self._progress.event_total = state.events, state.event_total
         self._usage = state.usage
         self._extra_shapes = state.extra_test_shapes
+        self._baseline_library = state.baseline.compile.library if state.baseline.compile else None
         self._progress.segment = state.segment
         self._progress.best_speedup = state.best_summary.speedup_geomean
         first_round = state.next_round
@@ -172,7 +186,8 @@ class OptimizeKernel:
         self._progress.phase = "done"
         return OptimizeResult(kernel=spec.name, target=req.target, gpu_class=req.gpu_class, status="completed",
                               baseline=state.baseline, rounds=state.rounds, best=state.best_summary,
-                              segments=state.segment, stop_reason=stop_reason, usage=self._usage)
+                              segments=state.segment, stop_reason=stop_reason, usage=self._usage,
+                              extra_test_shapes=state.extra_test_shapes)
 
     def _stop_reason(self, req: OptimizeRequest, state: RunState) -> str | None:
         b, u = req.budgets, self._usage
@@ -240,7 +255,7 @@ class OptimizeKernel:
             # Later slots see this one as tried, so each slot proposes something different.
             pending.append(RoundRecord(round=rnd, candidate_id=coded.candidate.id, description=plan.description,
                                        tunables=plan.tunables, flags=plan.flags, slot=slot, compiled=False,
-                                       correct=False, failure="being evaluated in this round"))
+                                       correct=False, failure=EVALUATING))
         if not proposals:
             self._event(f"round {rnd}: planner has nothing new to try; stopping")
             return None
@@ -251,24 +266,31 @@ class OptimizeKernel:
         for slot, (outcome, _) in enumerate(outcomes):
             if outcome.correct and outcome.profile and outcome.profile.ok:
                 outcome.per_shape = speedups(state.baseline.profile, outcome.profile)
-                outcome.speedup_geomean = geomean([s.speedup for s in outcome.per_shape])
+                ab = outcome.profile.ab
+                outcome.speedup_geomean = (ab.speedup_geomean if ab and ab.speedup_geomean
+                                           else geomean([s.speedup for s in outcome.per_shape]))
+                if ab and ab.ci_low is not None:
+                    outcome.speedup_ci = [ab.ci_low, ab.ci_high]
                 if best_slot is None or outcome.speedup_geomean > outcomes[best_slot][0].speedup_geomean:
                     best_slot = slot
         accepted = None
         if best_slot is not None:
             outcome, cand = outcomes[best_slot]
-            if outcome.speedup_geomean > state.best_summary.speedup_geomean * (1 + req.min_gain):
+            if (outcome.speedup_geomean > state.best_summary.speedup_geomean * (1 + req.min_gain)
+                    and significant(outcome.profile)):
                 if not req.approve or await self._await_approval(cand.id, outcome.speedup_geomean):
                     accepted = best_slot
                     state.best, state.best_outcome = cand, outcome
                     state.best_summary = BestSummary(
                         candidate_id=cand.id, round=rnd, correct=True, speedup_geomean=outcome.speedup_geomean,
-                        per_shape=outcome.per_shape, tunables=cand.tunables, flags=cand.flags, source=cand.source)
+                        per_shape=outcome.per_shape, speedup_ci=outcome.speedup_ci, tunables=cand.tunables,
+                        flags=cand.flags, source=cand.source)
                     self._progress.best_speedup = outcome.speedup_geomean
 
         records = []
         for slot, (outcome, cand) in enumerate(outcomes):
-            verdict = (f"{outcome.speedup_geomean:.3f}x" if outcome.speedup_geomean is not None
+            ci = f" [{outcome.speedup_ci[0]:.3f}, {outcome.speedup_ci[1]:.3f}]" if outcome.speedup_ci else ""
+            verdict = (f"{outcome.speedup_geomean:.3f}x{ci}" if outcome.speedup_geomean is not None
                        else f"rejected ({_failure(outcome)})")
             tag = f"round {rnd}" + (f"/{slot}" if len(outcomes) > 1 else "")
             self._event(f"{tag}: {outcome.description}: {verdict}{' -> new best' if slot == accepted else ''}")
@@ -277,7 +299,7 @@ class OptimizeKernel:
                 flags=cand.flags, slot=slot, compiled=bool(outcome.compile and outcome.compile.ok),
                 correct=outcome.correct, speedup_geomean=outcome.speedup_geomean, failure=_failure(outcome),
                 compile_seconds=outcome.compile.seconds if outcome.compile else None, per_shape=outcome.per_shape,
-                accepted=slot == accepted))
+                speedup_ci=outcome.speedup_ci, accepted=slot == accepted))
         return records
 
     async def _diagnose(self, req: OptimizeRequest, state: RunState) -> Diagnosis | None:
@@ -374,9 +396,11 @@ class OptimizeKernel:
         exec_q = queues.exec_queue(req.target, req.gpu_class)
 
         async def run_exec(kind: str, shape_list: list[Shape], result_type):
+            baseline = self._baseline_library if cand.id != req.baseline.id else None
             request = ExecRequest(package=req.package, target=req.target, candidate_id=cand.id,
                                   library=compiled.library, shapes=shape_list, dtypes=req.package.spec.dtypes,
-                                  seed=req.seed * 1_000_003 + rnd)
+                                  seed=req.seed * 1_000_003 + rnd, source=cand.source, baseline_library=baseline,
+                                  baseline_id=req.baseline.id if baseline else None)
             self._progress.phase = kind
             result = await workflow.execute_activity(
                 kind, request, task_queue=exec_q, start_to_close_timeout=timedelta(seconds=t.exec_s),

@@ -1,0 +1,70 @@
+"""The kernel C ABI of kernels/kopt_abi.h, seen from ctypes (harness child only)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import torch
+
+KOPT_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3, torch.int32: 4, torch.int64: 5}
+KOPT_ERRORS = {1: "KOPT_ERR_ARGS", 2: "KOPT_ERR_DTYPE", 3: "KOPT_ERR_SHAPE", 4: "KOPT_ERR_LAUNCH"}
+UNSUPPORTED = (1, 2, 3)  # codes that say "this kernel does not take these arguments", not "I broke"
+
+
+class KernelFailure(Exception):
+    """The candidate failed in a way that ends the job; the message is the reason."""
+
+
+class KoptTensor(ctypes.Structure):
+    """kopt_tensor of kernels/kopt_abi.h."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+    ]
+
+
+class Packed:
+    """The argument array of one call, built once so the timed region holds only the call."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.n = len(tensors)
+        self.array = (KoptTensor * self.n)()
+        self._keep = []  # shape/stride arrays must outlive the calls
+        for i, t in enumerate(tensors):
+            shape = (ctypes.c_int64 * t.dim())(*t.shape)
+            strides = (ctypes.c_int64 * t.dim())(*t.stride())
+            self._keep += [shape, strides]
+            self.array[i] = KoptTensor(t.data_ptr(), KOPT_DTYPES[t.dtype], t.dim(), shape, strides)
+
+
+class Kernel:
+    """One library's entry point: int ENTRY(const kopt_tensor*, int32_t, void *stream)."""
+
+    def __init__(self, library: str, entry: str, stream: int | None, role: str = "candidate") -> None:
+        try:
+            self.lib = ctypes.CDLL(library, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        except OSError as exc:
+            raise KernelFailure(f"cannot load the {role} library: {exc}") from None
+        try:
+            fn = getattr(self.lib, entry)
+        except AttributeError:
+            raise KernelFailure(
+                f"{role}: entry symbol {entry!r} is not exported (KOPT_EXPORT, extern \"C\"?)"
+            ) from None
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.POINTER(KoptTensor), ctypes.c_int32, ctypes.c_void_p]
+        self.fn = fn
+        self.role = role
+        self.stream = ctypes.c_void_p(stream)
+
+    def __call__(self, packed: Packed, stream: int | None = None) -> int:
+        return self.fn(packed.array, packed.n, self.stream if stream is None else ctypes.c_void_p(stream))
+
+
+def error_message(rc: int) -> str:
+    return f"entry returned KOPT error {rc} ({KOPT_ERRORS.get(rc, 'unknown code')})"

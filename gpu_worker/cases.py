@@ -1,0 +1,187 @@
+"""Problem instances: inputs from the package's generator, the buffers a kernel sees, poison, guards.
+
+Every buffer a kernel sees is a fresh allocation inside a guard zone of GUARD_BYTES on each side
+(and, for the strided variant, between rows), pre-filled with a NaN carrying a payload. Outputs
+start as that poison, so "never written" is told apart from a computed NaN; a write outside a
+buffer shows up as damaged poison in the guards. Inputs the kernel sees are copies; the pristine
+tensors from make_inputs are never passed to a kernel.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from types import ModuleType
+
+import torch
+
+from gpu_worker.abi import Packed
+from gpu_worker.plan import CaseSpec
+from kopt import expr
+from kopt.models import Argument
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+POISON = {
+    torch.float32: (torch.int32, 0x7FC5A5A5),
+    torch.float64: (torch.int64, 0x7FF8A5A5A5A5A5A5),
+    torch.float16: (torch.int16, 0x7E5A),
+    torch.bfloat16: (torch.int16, 0x7FE5),
+}
+SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+GUARD_BYTES = 256  # keeps the kernel-visible view 256-byte aligned, like a fresh allocation
+
+
+def poison(t: torch.Tensor) -> None:
+    if t.dtype in POISON:
+        int_dtype, bits = POISON[t.dtype]
+        t.view(int_dtype).fill_(bits)
+    else:
+        t.fill_(float("nan") if t.is_floating_point() else -1)
+
+
+def poison_mask(t: torch.Tensor) -> torch.Tensor:
+    """True where t still holds the exact poison bits."""
+    if t.dtype in POISON:
+        int_dtype, bits = POISON[t.dtype]
+        return t.view(int_dtype) == bits
+    return torch.isnan(t) if t.is_floating_point() else t == -1
+
+
+class Buffer:
+    """A kernel-visible tensor inside a poisoned, guarded (and possibly row-padded) allocation."""
+
+    def __init__(self, shape: list[int], dtype: torch.dtype, device: str, row_pad: int = 0, guards: bool = True):
+        size = torch.empty((), dtype=dtype).element_size()
+        g = GUARD_BYTES // size if guards else 0
+        row_pad = row_pad if len(shape) >= 2 else 0
+        phys = [*shape[:-1], shape[-1] + row_pad] if row_pad else list(shape)
+        n = math.prod(phys)
+        self.storage = torch.empty(2 * g + n, dtype=dtype, device=device)
+        poison(self.storage)
+        inner = self.storage[g : g + n].view(phys)
+        self.view = inner[..., : shape[-1]] if row_pad else inner
+        self.outside: torch.Tensor | None = None
+        if g or row_pad:
+            self.outside = torch.ones(self.storage.shape, dtype=torch.bool, device=device)
+            self.outside[g : g + n].view(phys)[..., : shape[-1]] = False
+
+    def damage(self) -> int:
+        """Elements outside the view whose poison was overwritten (out-of-bounds writes)."""
+        if self.outside is None:
+            return 0
+        return int((self.outside & ~poison_mask(self.storage)).sum())
+
+
+def _accepts(fn, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def supports_special(ref: ModuleType) -> bool:
+    return _accepts(ref.make_inputs, "special")
+
+
+def shapes_of(args: list[Argument], dims: dict[str, int]) -> dict[str, list[int]]:
+    return {a.name: [int(expr.evaluate(d, dims)) for d in a.shape] for a in args}
+
+
+def dtype_of(arg: Argument, run_dtype: str) -> torch.dtype:
+    return TORCH_DTYPES[arg.dtype] if arg.dtype else TORCH_DTYPES[run_dtype]
+
+
+def generate(ref: ModuleType, args: list[Argument], cs: CaseSpec, seed: int, device: str) -> dict[str, torch.Tensor]:
+    """Pristine inputs (in and inout arguments) for one case, validated against kernel.toml."""
+    dims = cs.dim_map
+    kwargs = {}
+    if cs.special:
+        kwargs["special"] = True
+    native_scale = cs.scale != 1.0 and _accepts(ref.make_inputs, "scale")
+    if native_scale:
+        kwargs["scale"] = cs.scale
+    with torch.no_grad():
+        made = ref.make_inputs(dict(dims), TORCH_DTYPES[cs.dtype], seed, device, **kwargs)
+    shapes = shapes_of(args, dims)
+    out = {}
+    for arg in args:
+        if arg.role == "out":
+            continue
+        want = dtype_of(arg, cs.dtype)
+        t = made.get(arg.name) if isinstance(made, dict) else None
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"reference.py: make_inputs() returned no tensor {arg.name!r}")
+        if list(t.shape) != shapes[arg.name] or t.dtype != want or t.device.type != device:
+            raise ValueError(
+                f"reference.py: make_inputs() gave {arg.name!r} as {list(t.shape)} {t.dtype} on {t.device}, "
+                f"kernel.toml declares {shapes[arg.name]} {want} on {device}"
+            )
+        if cs.scale != 1.0 and not native_scale and t.is_floating_point():
+            t = (t.double() * cs.scale).to(t.dtype)
+        out[arg.name] = t.contiguous().clone()
+    return out
+
+
+class Case:
+    """One call's worth of buffers over given pristine inputs; outputs poisoned."""
+
+    def __init__(
+        self, args: list[Argument], pristine: dict[str, torch.Tensor], cs: CaseSpec, device: str, guards: bool = True
+    ):
+        self.args = args
+        self.pristine = pristine
+        self.spec = cs
+        shapes = shapes_of(args, cs.dim_map)
+        self.buffers = {
+            a.name: Buffer(shapes[a.name], dtype_of(a, cs.dtype), device, cs.row_pad, guards) for a in args
+        }
+        self.tensors = {name: b.view for name, b in self.buffers.items()}
+        for arg in args:
+            if arg.role == "in":
+                self.tensors[arg.name].copy_(pristine[arg.name])
+        self.refresh()
+        check_no_overlap(self.tensors)
+        self.packed = Packed([self.tensors[a.name] for a in args])
+
+    def refresh(self) -> None:
+        """Poison outputs and restore inout args, so each call must do all of its work again."""
+        for arg in self.args:
+            t = self.tensors[arg.name]
+            if arg.role == "out":
+                poison(t)
+            elif arg.role == "inout":
+                t.copy_(self.pristine[arg.name])
+
+
+def check_no_overlap(tensors: dict[str, torch.Tensor]) -> None:
+    """The harness never hands a kernel outputs that alias inputs (or each other)."""
+    spans = []
+    for name, t in tensors.items():
+        if t.numel() == 0:
+            continue
+        lo = t.data_ptr()
+        hi = lo + (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+        spans.append((lo, hi, name))
+    spans.sort()
+    for (_, hi1, a), (lo2, _, b) in zip(spans, spans[1:]):
+        if lo2 < hi1:
+            raise RuntimeError(f"harness bug: buffers {a!r} and {b!r} overlap")
+
+
+def reference(ref: ModuleType, args: list[Argument], pristine: dict[str, torch.Tensor],
+              shapes: dict[str, list[int]]) -> dict[str, torch.Tensor]:  # fmt: skip
+    with torch.no_grad():
+        # Clones: a reference that writes to its inputs must not spoil the pristine copies.
+        out = ref.reference({k: v.clone() for k, v in pristine.items()})
+    for arg in args:
+        if arg.role == "in":
+            continue
+        if not isinstance(out, dict) or arg.name not in out:
+            raise ValueError(f"reference.py: reference() returned no {arg.name!r}")
+        if list(out[arg.name].shape) != shapes[arg.name]:
+            raise ValueError(
+                f"reference.py: reference() returned {arg.name!r} of shape {list(out[arg.name].shape)}, "
+                f"kernel.toml declares {shapes[arg.name]}"
+            )
+    return out

@@ -1,0 +1,114 @@
+"""Correctness checks of one call: outputs against the reference, inputs and guards untouched.
+
+Order of the output checks (MEASUREMENT.md, correctness 3): never written (poison intact), NaN/Inf
+where the reference is finite, special values, bit-exact outputs, closeness under the package's
+per-dtype tolerance, then all zeros. The errors of every call are kept, so a group of calls can be
+held to the baseline's own error on the same inputs (calibrated bound, see `bound`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gpu_worker.cases import SAME_SIZE_INT, Case, poison_mask
+from kopt.models import Tolerance
+
+FLOOR_REL = 2.0**-20  # calibration floor, relative to max |ref|: ~8 fp32 ulp, far below a 16-bit ulp
+FLOOR_ATOL = 1e-3  # and relative to the package's atol
+BASELINE_FACTOR = 2.0  # a candidate may be at most this much worse than the baseline (max |err|)
+
+
+@dataclass
+class Errors:
+    """Running max abs/rel error and max |reference| over the outputs of a group of calls."""
+
+    abs: float = 0.0
+    rel: float = 0.0
+    ref_max: float = 0.0
+    seen: bool = False
+
+    def update(self, abs_err: float, rel_err: float, ref_max: float) -> None:
+        self.abs, self.rel = max(self.abs, abs_err), max(self.rel, rel_err)
+        self.ref_max, self.seen = max(self.ref_max, ref_max), True
+
+
+def bound(baseline_abs: float, ref_max: float, tol: Tolerance) -> float:
+    """The calibrated cap on a candidate's max |err|: 2x the baseline's, plus a tiny floor."""
+    return BASELINE_FACTOR * baseline_abs + max(FLOOR_REL * ref_max, FLOOR_ATOL * tol.atol)
+
+
+def _expected(want: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+    """The reference in float32/64; values the output dtype cannot hold become the inf it rounds to."""
+    want = want.to(raw.device)
+    want = want if want.dtype == torch.float64 else want.float()
+    if raw.dtype in (torch.float16, torch.bfloat16):
+        stored = want.to(raw.dtype).to(want.dtype)
+        want = torch.where(torch.isinf(stored) & torch.isfinite(want), stored, want)
+    return want
+
+
+def check_outputs(case: Case, refs: dict[str, torch.Tensor], tol: Tolerance, errors: Errors) -> str | None:
+    """First failed output check of one call, or None; updates `errors` with this call's errors."""
+    for arg in case.args:
+        if arg.role == "in":
+            continue
+        raw = case.tensors[arg.name]
+        want = _expected(refs[arg.name], raw)
+        got = raw.to(want.dtype)
+        finite = torch.isfinite(want)
+        numel, name = want.numel(), arg.name
+        if arg.role == "out":
+            n = int((poison_mask(raw) & finite).sum())
+            if n:
+                return f"{name}: {n} of {numel} elements never written (still the NaN poison)"
+        n = int((~torch.isfinite(got) & finite).sum())
+        if n:
+            return f"{name}: {n} of {numel} elements are NaN/Inf where the reference is finite"
+        n = int((~finite & ~((torch.isnan(got) & torch.isnan(want)) | (got == want))).sum())
+        if n:
+            return f"{name}: {n} elements differ from the reference's NaN/Inf values"
+        diff = torch.where(finite, (got - want).abs(), torch.zeros_like(want))
+        scale = torch.where(finite, want.abs(), torch.zeros_like(want))
+        if numel:
+            rel = diff / scale.clamp_min(max(tol.atol, 1e-30))
+            errors.update(float(diff.max()), float(rel.max()), float(scale.max()))
+        if arg.exact:
+            n = int((finite & (got != want)).sum())
+            if n:
+                return f"{name}: {n} of {numel} elements mismatch; this output must match the reference bit for bit"
+            continue
+        bad = diff > tol.atol + tol.rtol * scale
+        n = int(bad.sum())
+        if n:
+            at = int(torch.argmax(torch.where(bad, diff, torch.full_like(diff, -1.0))))
+            idx = [int(i) for i in torch.unravel_index(torch.tensor(at), want.shape)]
+            return (
+                f"{name}: {n} of {numel} elements mismatch; worst at {idx}: got {float(got.flatten()[at]):.6g}, "
+                f"expected {float(want.flatten()[at]):.6g} (|err| {float(diff.flatten()[at]):.3g} > "
+                f"atol {tol.atol:g} + rtol {tol.rtol:g} * |ref|)"
+            )
+        if numel and int(torch.count_nonzero(got)) == 0 and int(torch.count_nonzero(want)) != 0:
+            return f"{name}: output is all zeros while the reference is not"
+    return None
+
+
+def check_inputs(case: Case) -> str | None:
+    """Inputs not declared in-place must be unchanged; nothing may be written outside any buffer."""
+    for arg in case.args:
+        if arg.role != "in":
+            continue
+        now, before = case.tensors[arg.name], case.pristine[arg.name]
+        int_dtype = SAME_SIZE_INT[now.element_size()]
+        n = int((now.contiguous().view(int_dtype) != before.view(int_dtype)).sum())
+        if n:
+            return f"{arg.name}: input modified by the kernel ({n} of {now.numel()} elements changed)"
+    for arg in case.args:
+        n = case.buffers[arg.name].damage()
+        if n:
+            return (
+                f"{arg.name}: {n} elements written outside the buffer (guard zone or row padding): "
+                "out-of-bounds or aliasing writes"
+            )
+    return None

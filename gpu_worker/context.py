@@ -1,0 +1,125 @@
+"""What a harness job loads once: device and stream, the reference module, the kernels.
+
+The order matters (see harness.py): device, reference and copy bandwidth first (trusted code),
+then the sandbox, then the baseline library, then the candidate library last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from gpu_worker.abi import Kernel, KernelFailure, Packed
+from gpu_worker.device import cpu_name
+from gpu_worker.nvml import Nvml
+from gpu_worker.protocol import HarnessJob
+
+
+class Context:
+    def __init__(self, job: HarnessJob, progress: Callable[[str], None]) -> None:
+        self.job = job
+        self.progress = progress
+        self.notes: list[str] = []
+        self.cuda = job.target == "cuda"
+        self.nvml: Nvml | None = None
+        if self.cuda:
+            if not torch.cuda.is_available():
+                raise RuntimeError("target cuda, but torch sees no CUDA device")
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            # A stream of our own, so the stream a kernel is given is never the legacy default one.
+            self.stream = torch.cuda.Stream(self.device)
+            torch.cuda.set_stream(self.stream)
+            props = torch.cuda.get_device_properties(self.device)
+            self.device_name = props.name
+            bus = getattr(props, "pci_bus_id", None)
+            pci = f"{getattr(props, 'pci_domain_id', 0):08X}:{bus:02X}:{getattr(props, 'pci_device_id', 0):02X}.0" \
+                if bus is not None else None  # fmt: skip
+            self.nvml = Nvml(pci, self.device.index or 0)
+            if self.nvml.error:
+                self.notes.append(f"{self.nvml.error}: clocks, temperature and throttling not recorded")
+        else:
+            self.device = torch.device("cpu")
+            self.device_name = cpu_name()
+            self.stream = None
+        self.ref = load_reference(Path(job.package_dir))
+        self.kernel: Kernel | None = None
+        self.baseline: Kernel | None = None
+
+    @property
+    def stream_handle(self) -> int | None:
+        return self.stream.cuda_stream if self.stream is not None else None
+
+    def load_kernels(self) -> None:
+        """Baseline first (trusted), candidate last: nothing of ours runs after candidate code loads
+        that was not set up before it."""
+        if self.job.baseline_library:
+            self.baseline = Kernel(self.job.baseline_library, self.job.spec.entry, self.stream_handle, "baseline")
+        self.kernel = Kernel(self.job.library, self.job.spec.entry, self.stream_handle, "candidate")
+
+    def sync(self, who: str = "candidate") -> None:
+        """Wait for the harness stream only (work hidden on another stream is not waited for);
+        a CUDA error raised here was caused by the last kernel call."""
+        if self.cuda:
+            try:
+                self.stream.synchronize()
+            except RuntimeError as exc:
+                raise KernelFailure(f"{who}: {cuda_error(exc)}") from None
+
+    def sync_device(self, who: str = "candidate") -> None:
+        if self.cuda:
+            try:
+                torch.cuda.synchronize(self.device)
+            except RuntimeError as exc:
+                raise KernelFailure(f"{who}: {cuda_error(exc)}") from None
+
+    def call(self, kernel: Kernel, packed: Packed) -> int:
+        """One synchronous call. On CPU, threads the kernel leaves running fail it: work done
+        after the call returns escapes both the checks and the timing."""
+        before = _tasks() if not self.cuda else 0
+        rc = kernel(packed)
+        self.sync(kernel.role)
+        if not self.cuda:
+            after = _tasks()
+            if after > before:
+                raise KernelFailure(
+                    f"{kernel.role}: left {after - before} thread(s) running after it returned "
+                    "(kernels must not create threads; work after the call escapes checks and timing)"
+                )
+        return rc
+
+
+def cuda_error(exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"CUDA error after the kernel call: {first}"
+
+
+def _tasks() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def load_reference(package_dir: Path) -> ModuleType:
+    path = package_dir / "reference.py"
+    spec = importlib.util.spec_from_file_location(f"kopt_reference_{abs(hash(str(path)))}", path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"{path}: cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    for fn in ("make_inputs", "reference"):
+        if not callable(getattr(module, fn, None)):
+            raise ValueError(f"{path}: no function {fn}()")
+    return module
+
+
+def derive_seed(job_seed: int, salt: str, *parts: object) -> int:
+    """A seed the candidate cannot predict (salted per job), reproducible from the job seed + salt."""
+    digest = hashlib.blake2b(json.dumps([job_seed, salt, *map(str, parts)]).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)

@@ -1,0 +1,274 @@
+"""Profile mode: time the candidate per shape and dtype, interleaved with the baseline when loaded.
+
+Per shape: rotating input sets (fresh addresses every call), warm-up, a mode (cold L2; CUDA graph
+for calls under ~20 us; hot caches on CPU), adaptive sampling in A/B blocks, random re-checks of
+timed outputs during sampling and of every set at the end, a device-wide wall-clock cross-check
+for work hidden on other streams, then %SOL and the impossible-result checks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+
+from gpu_worker import device as devinfo
+from gpu_worker import stats, timing
+from gpu_worker.abi import Kernel, KernelFailure, error_message
+from gpu_worker.cases import Case, generate, reference, shapes_of
+from gpu_worker.checks import Errors, check_inputs, check_outputs
+from gpu_worker.context import Context, derive_seed
+from gpu_worker.nvml import Monitor
+from gpu_worker.plan import CaseSpec
+from kopt import expr
+from kopt.models import ELEMENT_SIZE, ABResult, ProfileResult, Shape, ShapeAB, ShapeTiming
+
+PROFILE_SETS = 3  # rotating input sets per timed shape in cold and CPU modes
+PROFILE_SET_BUDGET = 8 << 30  # bytes per kernel of rotating sets on CUDA; huge shapes rotate fewer (min 2)
+GRAPH_UNIQUE = 4  # distinct input sets behind the slots of a graph
+GRAPH_MAX_CALLS = 4096
+GRAPH_MIN_CALLS = 16
+GRAPH_L2_FACTOR = 3  # a graph's slots together hold this many L2s of data
+RANDOM_CHECKS = 8  # re-checks of a timed output at random block ends, per kernel and shape
+FINAL_CHECKS = 32  # graph slots re-checked after a poisoned replay
+COPY_FLAG = 1.05  # above this fraction of the measured copy bandwidth: flagged for a second look
+HIDDEN_WORK_S = 5e-3  # device time the wall-clock cross-check aims for
+
+
+class Rotation:
+    """One kernel's slots over the unique input sets; calls rotate through the slots."""
+
+    def __init__(self, ctx: Context, kernel: Kernel, uniques: list[tuple[dict, dict]], cs: CaseSpec, slots: int):
+        self.ctx, self.kernel = ctx, kernel
+        self.uniques = uniques  # (pristine, refs) per unique input set
+        dev = ctx.device.type
+        self.slots = [Case(ctx.job.spec.arguments, uniques[k % len(uniques)][0], cs, dev, guards=False)
+                      for k in range(slots)]  # fmt: skip
+        self.order = itertools.cycle(range(slots))
+        self.cur = 0
+
+    def before(self) -> None:
+        self.cur = next(self.order)
+        self.slots[self.cur].refresh()
+
+    def call(self, stream: int | None = None) -> None:
+        rc = self.kernel(self.slots[self.cur].packed, stream)
+        if rc != 0:
+            raise KernelFailure(f"{self.kernel.role}: {error_message(rc)} during timing")
+
+    def warm_call(self) -> None:
+        self.before()
+        self.call()
+
+    def check(self, k: int, tol) -> str | None:
+        slot = self.slots[k]
+        refs = self.uniques[k % len(self.uniques)][1]
+        return check_inputs(slot) or check_outputs(slot, refs, tol, Errors())
+
+    def capture(self, stream: int) -> None:
+        for k in range(len(self.slots)):
+            self.cur = k
+            self.call(stream)
+
+
+@dataclass
+class Timed:
+    stats: timing.Stats
+    mode: str
+
+
+def run_profile(ctx: Context, copy_bw: float) -> ProfileResult:
+    result = _run_profile(ctx, copy_bw)
+    result.notes = list(ctx.notes)
+    return result
+
+
+def _run_profile(ctx: Context, copy_bw: float) -> ProfileResult:
+    job = ctx.job
+    peak, peak_what = devinfo.peak_bandwidth_gbs(job.target, ctx.device_name, copy_bw)
+    result = ProfileResult(
+        candidate_id=job.candidate_id, ok=True, device=ctx.device_name, copy_bandwidth_gbs=copy_bw,
+        peak_bandwidth_gbs=peak,
+    )  # fmt: skip
+    cold = timing.ColdL2(ctx.device) if ctx.cuda else None
+    monitor = Monitor(ctx.nvml)
+    ratios, per_shape = [], []
+    for shape in job.shapes:
+        for dtype in job.dtypes:
+            ctx.progress(f"profile {shape.label} {dtype}")
+            monitor.reset()
+            try:
+                cand, base = time_shape(ctx, shape, dtype, cold, monitor)
+            except KernelFailure as exc:
+                result.ok, result.reason = False, f"{shape.label} {dtype}: {exc}"
+                return result
+            nbytes = expr.evaluate(job.spec.model.bytes, {**shape.dims, "elem": ELEMENT_SIZE[dtype]})
+            st = cand.stats
+            gbs = nbytes / (st.median_us * 1e-6) / 1e9 if st.median_us > 0 else math.inf
+            sm, mem, temp = monitor.summary()
+            timing_ = ShapeTiming(
+                shape=shape.label, dtype=dtype, median_us=st.median_us, p10_us=st.p10_us, p90_us=st.p90_us,
+                samples=st.samples, gbytes_per_s=gbs, pct_sol=100.0 * gbs / copy_bw, mode=cand.mode, rse=st.rse,
+                throttled_dropped=st.dropped, sm_clock_mhz=sm, mem_clock_mhz=mem, temperature_c=temp,
+            )  # fmt: skip
+            if st.dropped:
+                timing_.flags.append(f"{st.dropped} samples dropped: the GPU reported a thermal/power slowdown")
+            if gbs > peak:
+                result.timings.append(timing_)
+                result.ok = False
+                result.reason = (
+                    f"{shape.label} {dtype}: measurement fault: {st.median_us:.3g} us implies {gbs:.0f} GB/s, above "
+                    f"{peak_what} ({peak:.0f} GB/s); the kernel skips work or its work escaped the timing"
+                )
+                return result
+            if cand.mode != "hot-cpu" and gbs > COPY_FLAG * copy_bw:  # hot CPU caches beat DRAM copies
+                timing_.flags.append(f"{100 * gbs / copy_bw:.0f}% of the measured copy bandwidth: check it again")
+                result.flags.append(f"{shape.label} {dtype}: above {100 * COPY_FLAG:.0f}% of the copy bandwidth")
+            result.timings.append(timing_)
+            if base is not None:
+                r = stats.ratio_of_medians(list(base.stats.values), list(st.values), seed=len(ratios))
+                ratios.append(r)
+                per_shape.append(
+                    ShapeAB(
+                        shape=shape.label, dtype=dtype, mode=cand.mode, baseline_us=base.stats.median_us,
+                        candidate_us=st.median_us, speedup=r.speedup, ci_low=r.low, ci_high=r.high,
+                        baseline_samples=base.stats.samples, candidate_samples=st.samples,
+                    )  # fmt: skip
+                )
+    if ratios:
+        g, lo, hi = stats.geomean_interval(ratios)
+        result.ab = ABResult(
+            baseline_id=job.baseline_id, per_shape=per_shape, speedup_geomean=g, ci_low=lo, ci_high=hi,
+            noise_floor=job.noise_floor, verdict=stats.verdict(lo, hi, job.noise_floor),
+        )  # fmt: skip
+    if not result.timings:
+        result.ok, result.reason = False, "nothing to profile: no shapes or no dtypes"
+    return result
+
+
+def time_shape(
+    ctx: Context, shape: Shape, dtype: str, cold: timing.ColdL2 | None, monitor: Monitor
+) -> tuple[Timed, Timed | None]:
+    job = ctx.job
+    args = job.spec.arguments
+    tol = job.tolerances[dtype]
+    cs = CaseSpec(tuple(shape.dims.items()), dtype, "profile")
+    shapes = shapes_of(args, shape.dims)
+    kernels = [k for k in (ctx.baseline, ctx.kernel) if k is not None]  # baseline first: it picks the mode
+
+    def uniques(n: int) -> list[tuple[dict, dict]]:
+        out = []
+        for k in range(n):
+            pristine = generate(ctx.ref, args, cs, derive_seed(job.seed, job.salt, shape.label, dtype, "profile", k),
+                                ctx.device.type)  # fmt: skip
+            out.append((pristine, reference(ctx.ref, args, pristine, shapes)))
+        return out
+
+    set_bytes = sum(math.prod(s) * _elem(a, dtype) for a, s in zip(args, shapes.values()))
+    n_sets = PROFILE_SETS
+    if ctx.cuda:
+        n_sets = max(2, min(PROFILE_SETS, PROFILE_SET_BUDGET // max(3 * set_bytes, 1)))
+    sets = uniques(n_sets)
+    rotations = [Rotation(ctx, k, sets, cs, n_sets) for k in kernels]
+    for rot in rotations:
+        timing.warmup(rot.warm_call, lambda r=rot: ctx.sync(r.kernel.role))
+    cap = job.time_cap_s or timing.TIME_CAP_S[job.target]
+
+    mode = "hot-cpu" if not ctx.cuda else job.timing_mode
+    measures: list[timing.Measure]
+    graphs = None
+    if ctx.cuda:
+        cold_measures = [timing.cuda_measure(r.call, r.before, cold) for r in rotations]
+        if mode == "auto":
+            probe = timing.sample([cold_measures[0]], min(cap, 0.2))[0]
+            mode = "graph" if probe.median_us < timing.GRAPH_BELOW_US else "cold"
+        measures = cold_measures
+        if mode == "graph":
+            graphs = graph_timers(ctx, kernels, sets, cs, set_bytes, cold.l2_bytes)
+            if graphs is None:
+                mode = "cold"
+            else:
+                measures = [g.measure for g in graphs]
+    else:
+        measures = [timing.cpu_measure(r.call, r.before) for r in rotations]
+
+    checks_left = [RANDOM_CHECKS] * len(rotations)
+    rng = random.SystemRandom()
+
+    def after_block(i: int) -> None:
+        # Re-check the output of the block's last timed call now and then (cold and CPU modes).
+        if graphs is not None or checks_left[i] <= 0 or rng.random() > 0.25:
+            return
+        checks_left[i] -= 1
+        rot = rotations[i]
+        ctx.sync(rot.kernel.role)
+        msg = rot.check(rot.cur, tol)
+        if msg:
+            raise KernelFailure(f"{rot.kernel.role}: timed output re-check failed: {msg}")
+
+    results = timing.sample(measures, cap, monitor if ctx.cuda else None, after_block)
+    ctx.sync_device()
+    for i, rot in enumerate(rotations):
+        if graphs is not None:
+            msg = final_graph_check(ctx, rot, graphs[i], tol)
+        else:
+            msg = next((m for k in range(len(rot.slots)) if (m := rot.check(k, tol))), None)
+        if msg:
+            raise KernelFailure(f"{rot.kernel.role}: timed output re-check failed: {msg}")
+    if ctx.cuda:
+        cand = rotations[-1]
+        median_s = max(results[-1].median_us, 0.5) * 1e-6
+        n = max(20, min(2000, math.ceil(HIDDEN_WORK_S / median_s)))
+        events_s, wall_s = timing.hidden_work(cand.call, n)
+        if wall_s - events_s > max(events_s, 2e-3):
+            raise KernelFailure(
+                f"candidate: {n} calls took {1e3 * wall_s:.2f} ms to a device-wide synchronize but "
+                f"{1e3 * events_s:.2f} ms on the stream it was given: work launched elsewhere escapes the timing"
+            )
+    timed = [Timed(r, mode) for r in results]
+    rotations.clear()  # drop the sets before the next shape allocates its own
+    sets.clear()
+    graphs = None
+    if ctx.cuda:
+        torch.cuda.empty_cache()  # the next shape's sets need the room
+    return timed[-1], (timed[0] if len(timed) == 2 else None)
+
+
+def _elem(arg, dtype: str) -> int:
+    return ELEMENT_SIZE[arg.dtype or dtype]
+
+
+def graph_timers(ctx: Context, kernels: list[Kernel], sets, cs: CaseSpec, set_bytes: int, l2_bytes: int):
+    """One graph per kernel over GRAPH_L2_FACTOR x L2 of slots; None (cold mode) when a kernel
+    cannot be captured (it synchronizes or allocates inside the call)."""
+    calls = max(GRAPH_MIN_CALLS, min(GRAPH_MAX_CALLS, math.ceil(GRAPH_L2_FACTOR * l2_bytes / max(set_bytes, 1))))
+    uniques = sets[:GRAPH_UNIQUE]
+    timers = []
+    for kernel in kernels:
+        rot = Rotation(ctx, kernel, uniques, cs, calls)
+        try:
+            timer = timing.GraphTimer(rot.capture, calls, ctx.stream)
+            timer.replay()
+        except Exception as exc:  # noqa: BLE001 - the kernel syncs, allocates or errors during capture
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            ctx.notes.append(f"{kernel.role}: CUDA graph capture failed ({first}); timed in cold mode instead")
+            ctx.sync(kernel.role)  # a sticky CUDA error is the kernel's failure, not a fallback
+            return None
+        ctx.sync(kernel.role)
+        timer.rotation = rot
+        timers.append(timer)
+    return timers
+
+
+def final_graph_check(ctx: Context, rot: Rotation, timer, tol) -> str | None:
+    """Poison every slot of the graph, replay it once, and check a random sample of the slots."""
+    grot: Rotation = timer.rotation
+    for slot in grot.slots:
+        slot.refresh()
+    timer.replay()
+    ctx.sync(rot.kernel.role)
+    picks = random.SystemRandom().sample(range(len(grot.slots)), min(FINAL_CHECKS, len(grot.slots)))
+    return next((m for k in picks if (m := grot.check(k, tol))), None)

@@ -1,0 +1,126 @@
+"""What the worker and the harness child say to each other, and how the child's words are proven.
+
+The parent sends the job and a random per-job key on the child's stdin; the child reads both
+before any candidate code is loaded. Everything the child reports comes back as frames on a
+private pipe, each authenticated with HMAC-SHA256 under that key and numbered, so bytes the
+candidate writes to any file descriptor (a fake result, garbage, a replayed frame) are detected
+as tampering instead of being believed. No torch here: the worker imports this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from kopt.models import DType, KernelSpec, Shape, Target, TimingMode, Tolerance
+
+HARNESS_VERSION = "2"  # bump when checks or timing change what a result means
+PROGRESS_PREFIX = "kopt-harness: "  # the child also logs each step on stderr, for humans
+KEY_BYTES = 32
+FRAME_LIMIT = 32 << 20  # bytes of frames in all; more is garbage, not a result
+
+
+class HarnessJob(BaseModel):
+    """The job the parent sends and the harness child runs."""
+
+    mode: Literal["test", "profile"]
+    target: Target
+    candidate_id: str
+    library: str
+    package_dir: str
+    spec: KernelSpec
+    shapes: list[Shape]
+    dtypes: list[DType]
+    seed: int = 0
+    salt: str = ""  # per-job secret mixed into every seed: inputs the candidate cannot predict
+    tolerances: dict[DType, Tolerance]
+    trials: int = 2
+    time_cap_s: float | None = None  # per shape and dtype; None: the target's default
+    baseline_library: str | None = None
+    baseline_id: str | None = None
+    baseline_errors: dict[str, float] = Field(default_factory=dict)
+    edge_shapes: bool = True
+    timing_mode: TimingMode = "auto"
+    memory_limit_mb: int = 8192
+    sandbox: bool = True  # seccomp and rlimits; off only under compute-sanitizer
+    noise_floor: float = 0.0
+
+
+def new_key() -> bytes:
+    return secrets.token_bytes(KEY_BYTES)
+
+
+def encode_stdin(key: bytes, job: HarnessJob) -> bytes:
+    """What the parent writes to the child's stdin: the key in hex, a newline, the job JSON."""
+    return key.hex().encode() + b"\n" + job.model_dump_json().encode()
+
+
+def decode_stdin(data: bytes) -> tuple[bytearray, HarnessJob]:
+    head, _, body = data.partition(b"\n")
+    key = bytearray(bytes.fromhex(head.decode()))
+    return key, HarnessJob.model_validate_json(body)
+
+
+def frame(key: bytes | bytearray, seq: int, kind: str, body: str) -> bytes:
+    """One authenticated line: `<hex mac> <json payload>\\n`; the payload carries its number."""
+    payload = json.dumps({"seq": seq, "kind": kind, "body": body}, separators=(",", ":")).encode()
+    mac = hmac.new(bytes(key), payload, hashlib.sha256).hexdigest().encode()
+    return mac + b" " + payload + b"\n"
+
+
+@dataclass
+class FrameReader:
+    """Parent side: verify frames as bytes arrive; remember the last step and the result."""
+
+    key: bytes
+    buffer: bytes = b""
+    seq: int = 0
+    size: int = 0
+    last_step: str = ""
+    result: str | None = None
+    tampered: str | None = None  # why the channel cannot be trusted, once it cannot
+    extra: list[str] = field(default_factory=list)
+
+    def feed(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > FRAME_LIMIT:
+            self._tamper(f"more than {FRAME_LIMIT >> 20} MiB on the result channel")
+            return
+        self.buffer += data
+        while b"\n" in self.buffer and self.tampered is None:
+            line, self.buffer = self.buffer.split(b"\n", 1)
+            self._line(line)
+
+    def close(self) -> None:
+        if self.buffer.strip() and self.tampered is None:
+            self._tamper(f"unterminated bytes on the result channel: {self.buffer[:60]!r}")
+
+    def _line(self, line: bytes) -> None:
+        mac, _, payload = line.partition(b" ")
+        want = hmac.new(self.key, payload, hashlib.sha256).hexdigest().encode()
+        if not hmac.compare_digest(mac, want):
+            self._tamper(f"unauthenticated bytes on the result channel: {line[:60]!r}")
+            return
+        msg = json.loads(payload)
+        if msg["seq"] != self.seq:
+            self._tamper(f"frame {msg['seq']} where {self.seq} was due (replayed or dropped frame)")
+            return
+        self.seq += 1
+        if self.result is not None:
+            self._tamper("a frame after the result")
+        elif msg["kind"] == "progress":
+            self.last_step = msg["body"]
+        elif msg["kind"] == "result":
+            self.result = msg["body"]
+        else:
+            self._tamper(f"unknown frame kind {msg['kind']!r}")
+
+    def _tamper(self, why: str) -> None:
+        if self.tampered is None:
+            self.tampered = why

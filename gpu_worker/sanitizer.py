@@ -1,0 +1,79 @@
+"""compute-sanitizer memcheck (and racecheck for kernels with shared memory) on a CUDA candidate.
+
+Runs the harness test mode once more under `compute-sanitizer --tool memcheck`, in a separate
+child, over one small case per shape class (the smallest declared test shape with its variants:
+scales and the padded-row layout; one trial; no baseline). Findings fail the candidate with the
+sanitizer's first error lines; a missing binary is a note, never a pass in disguise.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from gpu_worker import plan, spawn
+from gpu_worker.protocol import HarnessJob, new_key
+from kopt.build import find_nvcc
+from kopt.models import ExecRequest
+
+ERROR_EXIT = 86
+PRINT_LIMIT = 10
+
+
+def find_sanitizer() -> str | None:
+    nvcc = find_nvcc()
+    candidates = [shutil.which("compute-sanitizer"), "/usr/local/cuda/bin/compute-sanitizer"]
+    if nvcc:
+        candidates.append(str(Path(nvcc).resolve().parent / "compute-sanitizer"))
+    return next((c for c in candidates if c and Path(c).is_file()), None)
+
+
+def small_job(job: HarnessJob) -> HarnessJob:
+    """The sanitizer's job: the smallest declared shape (with variants), one trial, no sandbox."""
+    smallest = min(job.shapes, key=lambda s: plan.elements(job.spec, s.dims))
+    return job.model_copy(update={
+        "shapes": [smallest], "trials": 1, "edge_shapes": True, "baseline_library": None, "sandbox": False,
+    })  # fmt: skip
+
+
+def findings(log: str) -> tuple[int | None, list[str]]:
+    """(error count from the ERROR SUMMARY line or None, first error lines)."""
+    m = re.search(r"ERROR SUMMARY:\s*(\d+) error", log)
+    count = int(m.group(1)) if m else None
+    lines = [ln.strip("= ").strip() for ln in log.splitlines()
+             if re.match(r"=+\s+(Invalid|Race|Uninitialized|Out-of-range|Misaligned|Warning: Race|Error:)", ln)]
+    return count, lines[:3]  # fmt: skip
+
+
+async def run(job: HarnessJob, req: ExecRequest, heartbeat) -> tuple[bool | None, str]:
+    """(False: findings; True: clean; None: could not run) and a one-line summary."""
+    tool = find_sanitizer()
+    if tool is None:
+        return None, "compute-sanitizer not found: memory safety not checked"
+    tools = ["memcheck"]
+    if req.source is not None and "__shared__" in req.source:
+        tools.append("racecheck")
+    summaries = []
+    for name in tools:
+        workdir = Path(tempfile.mkdtemp(prefix=f"kopt-{name}-"))
+        try:
+            log_file = workdir / "sanitizer.log"
+            # API errors are not counted: torch's own feature probes return some on purpose.
+            prefix = [tool, "--tool", name, "--report-api-errors", "no", "--error-exitcode", str(ERROR_EXIT),
+                      "--print-limit", str(PRINT_LIMIT), "--log-file", str(log_file)]  # fmt: skip
+            out = await spawn.spawn(small_job(job), new_key(), workdir, req.timeout_s, heartbeat, prefix)
+            log = log_file.read_text(errors="replace") if log_file.is_file() else ""
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        count, lines = findings(log)
+        real = [ln for ln in lines if not ln.startswith("Error:")]  # "Error:" lines are the tool's own
+        if real and (count or out.returncode == ERROR_EXIT):
+            what = "; ".join(real)
+            return False, f"compute-sanitizer {name}: {count if count is not None else 'some'} error(s): {what}"
+        if out.timed_out or count is None:
+            summaries.append(f"{name}: did not complete ({'timed out' if out.timed_out else 'no summary'})")
+        else:
+            summaries.append(f"{name}: clean")
+    return True if all(s.endswith("clean") for s in summaries) else None, "compute-sanitizer " + ", ".join(summaries)

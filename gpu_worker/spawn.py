@@ -1,0 +1,324 @@
+"""Process mechanics of one harness child: spawn, feed, watch, time out, kill, read (no torch).
+
+The child gets its job and the per-job key on stdin and a pipe for authenticated frames; its
+stdout and stderr go to a log file that is read only for a human-readable tail. It runs in a new
+session (its own process group), which is killed on timeout, on cancellation, and after it exits
+(anything still in the group then was forked by the candidate and is reported).
+
+Children are forked by a zygote that has imported torch once (zygote.py), saving the ~1.5 s import
+per job; KOPT_HARNESS_ZYGOTE=0 (or a compute-sanitizer prefix) execs a fresh interpreter instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpu_worker.protocol import FrameReader, HarnessJob, encode_stdin
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+HEARTBEAT_S = 5.0
+TAIL_BYTES = 2048
+READ_GRACE_S = 5.0
+ZYGOTE_START_S = 120.0
+
+Heartbeat = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    returncode: int | None
+    timed_out: bool
+    timeout_s: float
+    frames: FrameReader
+    log: str  # the end of the child's stdout + stderr
+    leftover: bool  # a process of the child's group outlived it
+
+
+def harness_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        "PYTHONFAULTHANDLER": "1",  # a Python stack in the log when the kernel segfaults
+        "PYTHONUNBUFFERED": "1",  # log lines reach the file before a crash
+    }
+
+
+async def spawn(
+    job: HarnessJob,
+    key: bytes,
+    workdir: Path,
+    timeout_s: float,
+    heartbeat: Heartbeat | None,
+    prefix: list[str] | None = None,
+) -> Outcome:
+    """Run one harness child (`[*prefix, python, -m, gpu_worker.harness, FD]` when a prefix is
+    given or the zygote is off) to completion or timeout."""
+    log_path = workdir / f"{job.mode}.log"
+    frames = FrameReader(key=key)
+    loop = asyncio.get_running_loop()
+    r, w = os.pipe()
+    transport = child = read_task = wait_task = None
+    try:
+        zygote = await asyncio.to_thread(ZygoteClient.shared) if prefix is None else None
+        with open(log_path, "wb") as log:
+            if zygote is not None:
+                child = await _ZygoteChild.start(zygote, w, log.fileno())
+            else:
+                child = await _ExecChild.start(prefix or [], w, log, workdir)
+        os.close(w)
+        w = -1
+        reader = asyncio.StreamReader(limit=1 << 20)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(r, "rb", buffering=0)
+        )
+        r = -1  # owned by the transport now
+        read_task = asyncio.create_task(_read(reader, frames))
+        wait_task = asyncio.create_task(child.wait())
+        await child.feed(encode_stdin(key, job))
+        timed_out = await _wait(wait_task, timeout_s, heartbeat, job, frames)
+        leftover = False
+        if timed_out:
+            _kill_group(child.pid)
+            await wait_task
+        else:
+            leftover = _kill_group(child.pid)  # anything left was forked by the kernel
+        # EOF comes once every holder of the write end is gone; bound the wait in case one escaped.
+        try:
+            await asyncio.wait_for(read_task, timeout=READ_GRACE_S)
+        except asyncio.TimeoutError:
+            pass
+        frames.close()
+        return Outcome(child.returncode, timed_out, timeout_s, frames, _read_end(log_path), leftover)
+    finally:
+        # Runs on cancellation too: never leave a candidate running behind a cancelled activity.
+        if child is not None and child.returncode is None:
+            _kill_group(child.pid)
+        for task in (read_task, wait_task):
+            if task is not None and not task.done():
+                task.cancel()
+        if transport is not None:
+            transport.close()
+        for fd in (r, w):
+            if fd >= 0:
+                os.close(fd)
+
+
+class _ExecChild:
+    """A fresh interpreter: `[*prefix, python, -m, gpu_worker.harness, FD]`."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+
+    @classmethod
+    async def start(cls, prefix: list[str], result_w: int, log, workdir: Path) -> _ExecChild:
+        proc = await asyncio.create_subprocess_exec(
+            *prefix, sys.executable, "-m", "gpu_worker.harness", str(result_w),
+            pass_fds=(result_w,), start_new_session=True, cwd=workdir, env=harness_env(),
+            stdin=asyncio.subprocess.PIPE, stdout=log, stderr=log,
+        )  # fmt: skip
+        return cls(proc)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    async def wait(self) -> int:
+        return await self.proc.wait()
+
+    async def feed(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)
+            await self.proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the child died before reading its job; its exit status says why
+        finally:
+            self.proc.stdin.close()
+
+
+class _ZygoteChild:
+    """A child forked by the zygote; its exit status comes back over the control socket."""
+
+    def __init__(self, pid: int, stdin_w: int, exited: concurrent.futures.Future) -> None:
+        self.pid, self.stdin_w, self.exited = pid, stdin_w, exited
+        self.returncode: int | None = None
+
+    @classmethod
+    async def start(cls, zygote: ZygoteClient, result_w: int, log_fd: int) -> _ZygoteChild:
+        stdin_r, stdin_w = os.pipe()
+        try:
+            pid = await asyncio.to_thread(zygote.launch, [stdin_r, result_w, log_fd])
+        except BaseException:
+            os.close(stdin_w)
+            raise
+        finally:
+            os.close(stdin_r)
+        return cls(pid, stdin_w, zygote.exit_future(pid))
+
+    async def wait(self) -> int:
+        self.returncode = await asyncio.wrap_future(self.exited)
+        return self.returncode
+
+    async def feed(self, data: bytes) -> None:
+        def write_all() -> None:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self.stdin_w, view):]
+            except (BrokenPipeError, OSError):
+                pass  # the child died before reading its job; its exit status says why
+            finally:
+                os.close(self.stdin_w)
+
+        await asyncio.to_thread(write_all)
+
+
+class ZygoteError(RuntimeError):
+    """The zygote died or did not start (an infrastructure fault: the activity is retried)."""
+
+
+class ZygoteClient:
+    """Runner side of the zygote: one per worker process, shared by every event loop in it."""
+
+    _instance: ZygoteClient | None = None
+    _guard = threading.Lock()
+
+    def __init__(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpu_worker.zygote", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+            env=harness_env(), cwd=REPO_ROOT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        theirs.close()
+        self.sock = mine
+        self.send_lock = threading.Lock()
+        self.pids: queue.Queue[int] = queue.Queue()
+        self.exits: dict[int, concurrent.futures.Future] = {}
+        self.exits_lock = threading.Lock()
+        self.dead = False
+        mine.settimeout(ZYGOTE_START_S)
+        try:
+            ready = mine.recv(6)
+        except OSError:
+            ready = b""
+        if ready != b"ready\n":
+            self.close()
+            raise ZygoteError("the harness zygote did not start")
+        mine.settimeout(None)
+        threading.Thread(target=self._read, name="kopt-zygote-reader", daemon=True).start()
+
+    @classmethod
+    def shared(cls) -> ZygoteClient | None:
+        if os.environ.get("KOPT_HARNESS_ZYGOTE", "1") == "0":
+            return None
+        with cls._guard:
+            if cls._instance is None or cls._instance.dead:
+                cls._instance = cls()
+            return cls._instance
+
+    def launch(self, fds: list[int]) -> int:
+        with self.send_lock:
+            if self.dead:
+                raise ZygoteError("the harness zygote died")
+            socket.send_fds(self.sock, [b"J"], fds)
+            try:
+                pid = self.pids.get(timeout=ZYGOTE_START_S)
+            except queue.Empty:
+                raise ZygoteError("the harness zygote did not answer") from None
+        if pid < 0:
+            raise ZygoteError("the harness zygote refused the job")
+        return pid
+
+    def exit_future(self, pid: int) -> concurrent.futures.Future:
+        with self.exits_lock:
+            return self.exits.setdefault(pid, concurrent.futures.Future())
+
+    def _read(self) -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = self.sock.recv(4096)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                kind, *nums = line.decode().split()
+                if kind == "pid":
+                    self.pids.put(int(nums[0]))
+                elif kind == "exit":
+                    fut = self.exit_future(int(nums[0]))
+                    if not fut.done():
+                        fut.set_result(int(nums[1]))
+        self.dead = True
+        self.pids.put(-1)
+        with self.exits_lock:
+            for fut in self.exits.values():
+                if not fut.done():
+                    fut.set_exception(ZygoteError("the harness zygote died while a job ran"))
+
+    def close(self) -> None:
+        self.dead = True
+        try:
+            self.sock.close()
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+
+
+async def _read(reader: asyncio.StreamReader, frames: FrameReader) -> None:
+    while chunk := await reader.read(1 << 16):
+        frames.feed(chunk)
+
+
+async def _wait(
+    wait_task: asyncio.Task, timeout_s: float, heartbeat: Heartbeat | None, job: HarnessJob, frames: FrameReader
+) -> bool:
+    """Wait for the child, heartbeating every HEARTBEAT_S; True when the timeout passed first."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    deadline = start + timeout_s
+    while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return True
+        done, _ = await asyncio.wait({wait_task}, timeout=min(HEARTBEAT_S, remaining))
+        if done:
+            return False
+        if heartbeat is not None:
+            step = f", {frames.last_step}" if frames.last_step else ""
+            heartbeat(f"{job.mode} {job.candidate_id}: running for {loop.time() - start:.0f} s{step}")
+
+
+def _read_end(path: Path) -> str:
+    """The last few KB of the child's output (enough for a stderr tail)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8 * TAIL_BYTES))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _kill_group(pid: int) -> bool:
+    """SIGKILL the process group; True when some process was still in it."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False

@@ -1,0 +1,183 @@
+"""`kopt evaluate KERNEL_DIR --candidate FILE [--target cpu|cuda] [--json]`: judge one candidate.
+
+No Temporal: builds the package baseline and the candidate locally (temp dirs, the build workers'
+exact compiler command), runs the static checks, the full test against the reference with the
+baseline loaded for calibrated tolerances, and the profile with the baseline interleaved (A/B),
+then prints a verdict. Exit code 0: correct; 1: rejected (or the baseline itself broken);
+2: usage error (bad paths, unknown target, invalid package, no compiler).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TextIO
+
+from gpu_worker import runner
+from kopt.build import build, detect_toolchain
+from kopt.models import ArtifactRef, ExecRequest, PackageRef, ProfileResult, TestResult
+from kopt.package import PackageError, load_spec, source_path
+
+EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
+_NO_ARTIFACT = ArtifactRef(sha256="0" * 64, size=0, uri="file:///dev/null")  # libraries are local paths here
+
+
+async def evaluate(
+    kernel_dir: Path, candidate: Path, target: str | None, as_json: bool, settings: object = None, *,
+    time_cap_s: float | None = None, timeout_s: float = 900.0, seed: int = 0,
+    out: TextIO | None = None, err: TextIO | None = None,
+) -> int:  # fmt: skip
+    out, err = out or sys.stdout, err or sys.stderr
+    kernel_dir, candidate = Path(kernel_dir), Path(candidate)
+    if target is None:
+        target = "cuda" if candidate.suffix == ".cu" else "cpu"
+    if target not in ("cpu", "cuda"):
+        return _usage(err, f"unknown target {target!r}; use cpu or cuda")
+    try:
+        spec = load_spec(kernel_dir)
+    except PackageError as exc:
+        return _usage(err, str(exc))
+    if target not in spec.targets:
+        return _usage(err, f"{kernel_dir}: package has no target {target!r} (targets: {', '.join(spec.targets)})")
+    if not candidate.is_file():
+        return _usage(err, f"{candidate}: candidate source not found")
+    tc = detect_toolchain(target)
+    if tc is None:
+        return _usage(err, f"no compiler for target {target} on this machine ({'nvcc' if target == 'cuda' else 'g++'})")
+
+    start = time.monotonic()
+    source = candidate.read_text()
+    flags = spec.build[target].flags if target in spec.build else []
+    verdict: dict = {"kernel": spec.name, "target": target, "candidate": str(candidate), "correct": False,
+                     "reason": None, "static_violations": [], "per_shape": [], "speedup_geomean": None,
+                     "speedup_ci": None, "verdict": None, "device": None, "copy_bandwidth_gbs": None,
+                     "notes": [], "seconds": {}}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="kopt-evaluate-") as tmp:
+        _progress(err, as_json, f"building baseline and candidate with {tc.name}")
+        base_build, cand_build = await asyncio.gather(
+            build(tc, source_path(kernel_dir, spec, target).read_text(), Path(tmp) / "baseline", flags),
+            build(tc, source, Path(tmp) / "candidate", flags),
+        )
+        verdict["seconds"]["build"] = round(max(base_build.seconds, cand_build.seconds), 3)
+        if not base_build.ok:
+            verdict["reason"] = f"the package baseline does not compile: {_last_line(base_build.log)}"
+            return _finish(verdict, as_json, out, start)
+        if not cand_build.ok:
+            verdict["reason"] = f"compile error: {_last_line(cand_build.log)}"
+            return _finish(verdict, as_json, out, start)
+        base_lib, cand_lib = Path(tmp) / "baseline" / "kernel.so", Path(tmp) / "candidate" / "kernel.so"
+        shapes = spec.shapes[target]
+
+        def request(kind: str) -> ExecRequest:
+            return ExecRequest(
+                package=PackageRef(spec=spec, files=_NO_ARTIFACT, baseline_sources={}), target=target,
+                candidate_id=candidate.stem, library=_NO_ARTIFACT, shapes=getattr(shapes, kind), dtypes=spec.dtypes,
+                seed=seed, timeout_s=timeout_s, source=source, baseline_id="baseline", time_cap_s=time_cap_s,
+            )  # fmt: skip
+
+        _progress(err, as_json, "testing against the reference (baseline loaded for calibration)")
+        tested = await runner.run_test(request("test"), cand_lib, kernel_dir, spec, baseline=base_lib)
+        verdict["seconds"]["test"] = round(tested.seconds, 3)
+        _take_test(verdict, tested)
+        if not tested.correct:
+            return _finish(verdict, as_json, out, start)
+        _progress(err, as_json, "profiling, interleaved with the baseline (A/B)")
+        profiled = await runner.run_profile(request("bench"), cand_lib, kernel_dir, spec, baseline=base_lib)
+        verdict["seconds"]["profile"] = round(profiled.seconds, 3)
+        _take_profile(verdict, profiled)
+    return _finish(verdict, as_json, out, start)
+
+
+def _take_test(verdict: dict, tested: TestResult) -> None:
+    verdict["device"] = tested.device or None
+    verdict["static_violations"] = tested.static_violations
+    verdict["notes"] += tested.notes + ([tested.sanitizer] if tested.sanitizer else [])
+    checks = tested.checks + tested.variant_checks
+    verdict["checks"] = {"total": len(checks), "skipped": sum(c.skipped for c in checks),
+                         "failed": [c.key for c in checks if not c.ok]}  # fmt: skip
+    verdict["correct"] = tested.correct
+    verdict["reason"] = None if tested.correct else tested.reason
+
+
+def _take_profile(verdict: dict, profiled: ProfileResult) -> None:
+    verdict["device"] = profiled.device or verdict["device"]
+    verdict["copy_bandwidth_gbs"] = profiled.copy_bandwidth_gbs
+    verdict["notes"] += profiled.notes
+    verdict["flags"] = profiled.flags
+    if not profiled.ok:
+        verdict["correct"] = False
+        verdict["reason"] = f"profile failed: {profiled.reason}"
+        return
+    ab = {(s.shape, s.dtype): s for s in (profiled.ab.per_shape if profiled.ab else [])}
+    for t in profiled.timings:
+        s = ab.get((t.shape, t.dtype))
+        verdict["per_shape"].append({
+            "shape": t.shape, "dtype": t.dtype, "mode": t.mode, "candidate_us": t.median_us,
+            "baseline_us": s.baseline_us if s else None, "speedup": s.speedup if s else None,
+            "speedup_ci": [s.ci_low, s.ci_high] if s else None, "gbytes_per_s": t.gbytes_per_s,
+            "pct_sol": t.pct_sol, "samples": t.samples, "flags": t.flags,
+        })  # fmt: skip
+    if profiled.ab is not None:
+        verdict["speedup_geomean"] = profiled.ab.speedup_geomean
+        verdict["speedup_ci"] = [profiled.ab.ci_low, profiled.ab.ci_high]
+        verdict["verdict"] = profiled.ab.verdict
+
+
+def _finish(verdict: dict, as_json: bool, out: TextIO, start: float) -> int:
+    verdict["seconds"]["total"] = round(time.monotonic() - start, 3)
+    if as_json:
+        out.write(json.dumps(verdict) + "\n")
+    else:
+        out.write(render(verdict))
+    out.flush()
+    return EXIT_OK if verdict["correct"] else EXIT_REJECTED
+
+
+def render(v: dict) -> str:
+    lines = [f"kopt evaluate: {v['kernel']} ({v['target']}), candidate {v['candidate']}"]
+    if v.get("device"):
+        bw = f", copy bandwidth {v['copy_bandwidth_gbs']:.0f} GB/s" if v.get("copy_bandwidth_gbs") else ""
+        lines.append(f"device: {v['device']}{bw}")
+    for s in v["static_violations"]:
+        lines.append(f"  static: {s}")
+    if not v["correct"]:
+        lines.append(f"REJECTED: {v['reason']}")
+    else:
+        checks = v.get("checks", {})
+        lines.append(f"correct: {checks.get('total', 0)} checks passed ({checks.get('skipped', 0)} not applicable)")
+    if v["per_shape"]:
+        lines.append(f"{'shape':<22} {'dtype':<9} {'mode':<8} {'base us':>9} {'cand us':>9} {'speedup':>8} "
+                     f"{'95% CI':>15} {'%SOL':>6}")  # fmt: skip
+        for s in v["per_shape"]:
+            ci = f"[{s['speedup_ci'][0]:.3f}, {s['speedup_ci'][1]:.3f}]" if s["speedup_ci"] else "-"
+            base = f"{s['baseline_us']:9.2f}" if s["baseline_us"] is not None else f"{'-':>9}"
+            sp = f"{s['speedup']:8.3f}" if s["speedup"] is not None else f"{'-':>8}"
+            sol = f"{s['pct_sol']:6.1f}" if s["pct_sol"] is not None else f"{'-':>6}"
+            lines.append(f"{s['shape']:<22} {s['dtype']:<9} {s['mode']:<8} {base} {s['candidate_us']:9.2f} {sp} "
+                         f"{ci:>15} {sol}")  # fmt: skip
+    if v["speedup_geomean"] is not None:
+        lo, hi = v["speedup_ci"]
+        lines.append(f"geomean speedup {v['speedup_geomean']:.3f}x, 95% CI [{lo:.3f}, {hi:.3f}]: {v['verdict']}")
+    for n in v["notes"]:
+        lines.append(f"note: {n}")
+    return "\n".join(lines) + "\n"
+
+
+def _usage(err: TextIO, message: str) -> int:
+    err.write(f"kopt evaluate: error: {message}\n")
+    return EXIT_USAGE
+
+
+def _progress(err: TextIO, as_json: bool, message: str) -> None:
+    if not as_json:
+        err.write(f"kopt evaluate: {message} ...\n")
+        err.flush()
+
+
+def _last_line(log: str) -> str:
+    lines = [ln for ln in log.strip().splitlines() if "error" in ln.lower()] or log.strip().splitlines()
+    return lines[0].strip() if lines else "no compiler output"

@@ -1,0 +1,80 @@
+"""`kopt evaluate` (kopt/evaluate.py) on the CPU target: verdicts, JSON shape, exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from kopt.build import detect_toolchain
+from kopt.evaluate import EXIT_OK, EXIT_REJECTED, EXIT_USAGE, evaluate
+
+TESTS = Path(__file__).resolve().parent
+SCALE2 = TESTS / "fixtures" / "scale2"
+
+pytestmark = pytest.mark.skipif(detect_toolchain("cpu") is None, reason="no C++ compiler (g++)")
+
+
+def run(candidate: Path, as_json: bool = True, kernel_dir: Path = SCALE2, target: str | None = "cpu"):
+    out, err = io.StringIO(), io.StringIO()
+    code = asyncio.run(evaluate(kernel_dir, candidate, target, as_json, None, time_cap_s=0.2, out=out, err=err))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_the_baseline_as_candidate_is_correct_and_even():
+    code, out, _ = run(SCALE2 / "kernel.cpp")
+    assert code == EXIT_OK
+    verdict = json.loads(out)
+    assert verdict["correct"] is True and verdict["reason"] is None
+    assert [(s["shape"], s["dtype"]) for s in verdict["per_shape"]] == [("N=65536", "float32"), ("N=65536", "float16")]
+    for s in verdict["per_shape"]:
+        assert s["candidate_us"] > 0 and s["baseline_us"] > 0 and s["pct_sol"] > 0
+        lo, hi = s["speedup_ci"]
+        assert lo <= s["speedup"] <= hi
+    lo, hi = verdict["speedup_ci"]
+    assert lo <= verdict["speedup_geomean"] <= hi and 0.5 < verdict["speedup_geomean"] < 2.0
+    assert verdict["verdict"] in ("faster", "slower", "same")
+    assert verdict["checks"]["total"] > 0 and verdict["checks"]["failed"] == []
+
+
+def test_a_less_accurate_candidate_is_rejected_by_the_calibrated_bound():
+    code, out, _ = run(TESTS / "cheats" / "cpu" / "scale2_low_bits.cpp")
+    assert code == EXIT_REJECTED
+    verdict = json.loads(out)
+    assert verdict["correct"] is False and "calibrated bound" in verdict["reason"]
+    assert verdict["speedup_geomean"] is None and verdict["per_shape"] == []
+
+
+def test_static_violations_and_compile_errors_are_rejections(tmp_path):
+    code, out, _ = run(TESTS / "fixtures" / "wrong" / "exits.cpp")
+    assert code == EXIT_REJECTED
+    verdict = json.loads(out)
+    assert verdict["reason"].startswith("static check: ") and verdict["static_violations"]
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    code, out, _ = run(broken)
+    assert code == EXIT_REJECTED and json.loads(out)["reason"].startswith("compile error")
+
+
+def test_human_readable_verdict():
+    code, out, err = run(SCALE2 / "kernel.cpp", as_json=False)
+    assert code == EXIT_OK
+    assert "correct:" in out and "geomean speedup" in out and "95% CI" in out
+    assert "building baseline and candidate" in err
+
+
+@pytest.mark.parametrize(
+    "kernel_dir, candidate, target, message",
+    [
+        (TESTS / "no-such-package", SCALE2 / "kernel.cpp", "cpu", "not found"),
+        (SCALE2, TESTS / "no-such-file.cpp", "cpu", "not found"),
+        (SCALE2, SCALE2 / "kernel.cpp", "tpu", "unknown target"),
+        (SCALE2, SCALE2 / "kernel.cpp", "cuda", "no target 'cuda'"),
+    ],
+)
+def test_usage_errors_exit_2(kernel_dir, candidate, target, message):
+    code, out, err = run(candidate, kernel_dir=kernel_dir, target=target)
+    assert code == EXIT_USAGE and out == "" and message in err
