@@ -11,7 +11,7 @@ from __future__ import annotations
 from agents.playbook import PLAYBOOK
 from kopt.candidates import candidate_id, unified_diff
 from kopt.models import Candidate, CodeRequest, CodeResult, Plan, PlanRequest
-from kopt.package import apply_tunables
+from kopt.package import apply_tunables, read_tunables
 
 Config = tuple[tuple[tuple[str, int], ...], tuple[str, ...]]
 
@@ -42,9 +42,17 @@ def _moves(req: PlanRequest) -> list[list[tuple[str, dict[str, int], list[str]]]
     return [d for d in dims if d]
 
 
+def _baseline_key(req: PlanRequest) -> Config:
+    spec = req.package.spec
+    source = req.package.baseline_sources[req.target]
+    flags = spec.build[req.target].flags if req.target in spec.build else []
+    return _key(read_tunables(source, [t.name for t in spec.tunables_for(req.target)]), flags)
+
+
 def plan(req: PlanRequest) -> Plan:
     tried = {_key(h.tunables, h.flags) for h in req.history}
     tried.add(_key(req.best.tunables, req.best.flags))
+    tried.add(_baseline_key(req))  # measured in round 0
     dims = _moves(req)
     for offset in range(len(dims)):
         dim = dims[(req.round - 1 + offset) % len(dims)]

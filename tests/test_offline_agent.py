@@ -69,3 +69,18 @@ def test_coder_writes_the_source_change(tmp_path):
     assert len(changed) == 1
     assert f"-#define {changed[0]} {best.tunables[changed[0]]}" in result.diff
     assert f"+#define {changed[0]} {plan.tunables[changed[0]]}" in result.diff
+
+
+def test_planner_never_proposes_the_baseline_again(tmp_path):
+    pkg, base = _setup(tmp_path)
+    moved = base.model_copy(update={"tunables": {**base.tunables, "VEC": 4}, "id": "moved"})
+    history: list[RoundRecord] = []
+    for rnd in range(1, 100):
+        plan = offline.plan(PlanRequest(package=pkg, target="cuda", round=rnd, best=moved, best_speedup=1.2,
+                                        history=history))
+        if plan.exhausted:
+            break
+        assert (plan.tunables, sorted(plan.flags)) != (base.tunables, sorted(base.flags))
+        history.append(RoundRecord(round=rnd, candidate_id=str(rnd), description=plan.description,
+                                   tunables=plan.tunables, flags=plan.flags, compiled=True, correct=True))
+    assert plan.exhausted
