@@ -38,10 +38,12 @@ REFERENCE_H100 = {
 ASTRA = {"silu_and_mul": 1.26, "fused_add_rmsnorm": 1.25, "merge_attn_states_lse": 1.46}
 
 
-def run_kernel(kernel: str, rounds: int, gpu_class: str, out: Path) -> dict:
+def run_kernel(kernel: str, rounds: int, gpu_class: str, out: Path, max_wall_time: float | None) -> dict:
     report_dir = out / kernel
     cmd = [sys.executable, "-m", "kopt.cli", "optimize", f"kernels/{kernel}", "--target", "cuda", "--gpu-class",
            gpu_class, "--rounds", str(rounds), "--report-dir", str(report_dir)]
+    if max_wall_time:
+        cmd += ["--max-wall-time", str(max_wall_time)]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     (out / f"{kernel}.log").write_text(proc.stdout + proc.stderr)
@@ -60,7 +62,8 @@ def run_kernel(kernel: str, rounds: int, gpu_class: str, out: Path) -> dict:
             "flashinfer_h100_us": ref[0] if ref else None, "torch_compile_h100_us": ref[1] if ref else None,
             "beats_targets": (None if not ref else s["candidate_us"] <= min(r for r in ref if r is not None)),
         })
-    return {"kernel": kernel, "run_id": report["run_id"], "device": report["device"], "rounds": rounds,
+    return {"kernel": kernel, "run_id": report["run_id"], "device": report["device"], "rounds": len(report["rounds"]),
+            "stop_reason": report.get("stop_reason"),
             "best_candidate": best["candidate_id"], "best_round": best["round"], "tunables": best["tunables"],
             "flags": best["flags"], "speedup_geomean": best["speedup_geomean"], "astra_speedup": ASTRA[kernel],
             "per_shape": rows, "seconds": round(time.monotonic() - start, 1), "command": " ".join(cmd)}
@@ -70,6 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--kernels", default=",".join(KERNELS))
+    parser.add_argument("--max-wall-time", type=float, default=None, help="kopt's wall-time budget per kernel (s)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", REPO / "bench" / "results")))
     args = parser.parse_args()
     from gpu_worker.device import local_gpus
@@ -79,7 +83,7 @@ def main() -> None:
         sys.exit("bench/astra_kernels.py needs a GPU (nvidia-smi lists none)")
     gpu_class = gpus[0][2]
     args.out.mkdir(parents=True, exist_ok=True)
-    results = [run_kernel(k, args.rounds, gpu_class, args.out) for k in args.kernels.split(",")]
+    results = [run_kernel(k, args.rounds, gpu_class, args.out, args.max_wall_time) for k in args.kernels.split(",")]
     import torch
 
     doc = {"benchmark": "astra_kernels", "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(),

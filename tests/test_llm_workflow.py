@@ -53,11 +53,11 @@ QUEUE_OF = {"design_tests": AGENTS, "analyze": AGENTS, "plan": AGENTS, "code": A
             "single_agent": AGENTS, "compile": BUILD, "test": EXEC, "profile": EXEC}
 
 BASE_SOURCE = (FIXTURE / "kernel.cpp").read_text()
-OLD_LINE = "out[i] = 2.0f * x[i];"
+OLD_LINE = "out[i] = 2.0f * x[i] + zero * acc;"
 assert OLD_LINE in BASE_SOURCE
 
 
-def source(marker: str, body: str = "out[i] = x[i] + x[i];") -> str:
+def source(marker: str, body: str = "out[i] = x[i] + x[i] + zero * acc;") -> str:
     """A coder's complete source: the baseline with its loop body rewritten (a real change)."""
     return BASE_SOURCE.replace(OLD_LINE, f"{body}  // {marker}")
 
@@ -71,7 +71,7 @@ BROKEN_SOURCE = source("does not compile", "out[i] = undeclared_helper(x[i]);")
 DESIGN = {"shapes": [{"dims": {"N": 7}, "reason": "odd size, a remainder against any vector width"},
                      {"dims": {"N": 0}, "reason": "empty input"}],
           "notes": "small odd sizes"}
-DIAGNOSIS = {"bottleneck": "REPEAT passes over the same data dominate", "evidence": ["N=262144 takes REPEAT passes"],
+DIAGNOSIS = {"bottleneck": "REPEAT passes over the same data dominate", "evidence": ["REPEAT * 32 multiply-adds per element"],
              "suggestions": ["lower REPEAT", "add instead of multiply"]}
 
 
@@ -263,7 +263,7 @@ def test_good_two_round_run(temporal_server, settings, llm_env):
     r1, r2 = run.view.rounds[1:]
     analyst1, planner1, coder1 = r1.llm_calls
     # The analyst sees the baseline's real timings; the coder the plan and the base source.
-    assert "N=262144 float32: median" in analyst1.messages[1].content
+    assert "N=16384 float32: median" in analyst1.messages[1].content
     assert "REPEAT 16 -> 8, add instead of multiply" in coder1.messages[1].content
     assert BASE_SOURCE.strip() in coder1.messages[1].content
     assert r1.code.candidate.source == ROUND1_SOURCE.replace("#define REPEAT 16", "#define REPEAT 8")
