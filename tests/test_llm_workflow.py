@@ -267,7 +267,7 @@ def test_good_two_round_run(temporal_server, settings, llm_env):
     assert "REPEAT 16 -> 8, add instead of multiply" in coder1.messages[1].content
     assert BASE_SOURCE.strip() in coder1.messages[1].content
     assert r1.code.candidate.source == ROUND1_SOURCE.replace("#define REPEAT 16", "#define REPEAT 8")
-    assert "+    for (int64_t i = 0; i < n; ++i) out[i] = x[i] + x[i];" in r1.code.diff
+    assert "+    out[i] = x[i] + x[i] + zero * acc;  // round 1: add instead of multiply" in r1.code.diff
     # Round 2's planner sees round 1 in its history and plans from round 1's candidate.
     planner2 = r2.llm_calls[1]
     assert "round 1: REPEAT 16 -> 8, add instead of multiply" in planner2.messages[1].content
