@@ -6,8 +6,11 @@
 // flat: pair p's row of D starts at p * D. A block takes a tile of whole pairs, THREADS *
 // PACKS_PER_THREAD vector packs of VEC elements (16 bytes at VEC = 8, 16-bit) when D is small:
 // first one thread per pair does the LSE math once (weights to shared memory, s_out to global),
-// then all threads stream the tile's packs. The vectorized path needs D % VEC == 0 and VEC-aligned
-// bases; otherwise the scalar path runs. Infinities are tested on the bits (fast-math safe).
+// then all threads stream the tile's packs (LSE_MODE 0, the default). LSE_MODE 1 and 2 drop the
+// tile: each thread loads its packs with its pairs' LSEs in one round trip and computes the weights
+// itself (measured 1.06x on an H100 with mode 1, docs/tuning-notes.md). The vectorized path needs
+// D % VEC == 0 and VEC-aligned bases; otherwise the scalar path runs. Infinities are tested on the
+// bits (fast-math safe).
 #include <climits>
 #include <cstdint>
 
@@ -21,9 +24,26 @@
 #define VEC 8
 #define THREADS 128
 #define PACKS_PER_THREAD 2
+#define LSE_MODE 0
+
+// Fixed by measurement, not searched (docs/tuning-notes.md): FAST_EXP 1 uses __expf / __logf and
+// __frcp_rn for the weights (no gain measured). Cache hints of the per-thread modes on 16-byte packs
+// (v_a, v_b loads; v_out stores): SMALL_* when the call moves no more bytes than the L2 holds, the
+// others above that. Loads: 0 plain, 2 ld.global.cs (evict first), 3 ld.global.nc.L1::no_allocate,
+// 5 / 6 L2::evict_first / evict_last cache policy; stores: 0 plain, 1 st.global.cs (evict first).
+// Chosen: evict-first loads when the call fits in L2 (-3% at [768, 32, 256]), an evict_last policy
+// above (-1.4% at [16384, 32, 128]).
+// GRID_WAVES > 0 (per-thread modes): cap the grid at that many waves of resident blocks (persistent).
+#define FAST_EXP 0
+#define SMALL_LOAD_HINT 2
+#define SMALL_STORE_HINT 0
+#define LOAD_HINT 6
+#define STORE_HINT 0
+#define GRID_WAVES 0
 
 constexpr int TILE_PACKS = THREADS * PACKS_PER_THREAD;  // also the most pairs a tile can hold
 static_assert(VEC > 0 && THREADS > 0 && THREADS <= 1024 && PACKS_PER_THREAD > 0, "bad tunables");
+static_assert(LSE_MODE >= 0 && LSE_MODE <= 2, "LSE_MODE is 0, 1 or 2");
 
 // fp32 <-> storage conversions (round to nearest even on the way back).
 __device__ __forceinline__ float to_f32(float v) { return v; }
@@ -42,6 +62,87 @@ struct alignas(sizeof(T) * V) Pack {
 
 __device__ __forceinline__ bool is_inf(float f) { return (__float_as_uint(f) & 0x7fffffffu) == 0x7f800000u; }
 
+__device__ __forceinline__ float exp_(float x) {
+#if FAST_EXP
+  return __expf(x);
+#else
+  return expf(x);
+#endif
+}
+__device__ __forceinline__ float log_(float x) {
+#if FAST_EXP
+  return __logf(x);
+#else
+  return logf(x);
+#endif
+}
+
+// The merge weights of one pair: v_out = v_a * ca + v_b * cb, s_out = s; cb < 0 marks "both empty:
+// copy v_a". +inf reads as -inf (an empty state).
+__device__ __forceinline__ void merge_weights(float a, float b, float &ca, float &cb, float &s) {
+  const bool a_empty = is_inf(a), b_empty = is_inf(b);
+  if (a_empty && b_empty) {
+    ca = 1.0f, cb = -1.0f, s = __uint_as_float(0xff800000u);  // -inf
+  } else if (a_empty) {  // weight 0 for the empty side, exp(0) = 1 for the other
+    ca = 0.0f, cb = 1.0f, s = b;
+  } else if (b_empty) {
+    ca = 1.0f, cb = 0.0f, s = a;
+  } else {
+    const float m = fmaxf(a, b);
+    const float wa = exp_(a - m), wb = exp_(b - m), sum = wa + wb;
+#if FAST_EXP
+    const float inv = __frcp_rn(sum);
+    ca = wa * inv, cb = wb * inv, s = log_(sum) + m;
+#else
+    ca = wa / sum, cb = wb / sum, s = log_(sum) + m;
+#endif
+  }
+}
+
+// One pack load / store with a cache hint; hints apply to 16-byte packs only (others: plain).
+__device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
+  uint64_t pol;
+  if (evict_first)
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  else
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
+template <int HINT, typename P>
+__device__ __forceinline__ P load_pack(const P *p) {
+  if constexpr (sizeof(P) == 16 && HINT != 0) {
+    uint4 r;
+    if constexpr (HINT == 2) {
+      r = __ldcs(reinterpret_cast<const uint4 *>(p));
+    } else if constexpr (HINT == 3) {
+      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    } else {
+      static_assert(HINT == 5 || HINT == 6, "load hints are 0, 2, 3, 5, 6");
+      asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                   : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(l2_policy(HINT == 5)));
+    }
+    P out;
+    __builtin_memcpy(&out, &r, 16);
+    return out;
+  } else {
+    return *p;
+  }
+}
+
+template <int HINT, typename P>
+__device__ __forceinline__ void store_pack(P *p, const P &v) {
+  if constexpr (sizeof(P) == 16 && HINT == 1) {
+    uint4 r;
+    __builtin_memcpy(&r, &v, 16);
+    __stcs(reinterpret_cast<uint4 *>(p), r);
+  } else {
+    static_assert(HINT == 0 || HINT == 1, "store hints are 0, 1");
+    *p = v;
+  }
+}
+
 template <typename T, int V>
 __global__ void __launch_bounds__(THREADS)
 merge_kernel(const T *__restrict__ va, const float *__restrict__ sa, const T *__restrict__ vb,
@@ -55,20 +156,8 @@ merge_kernel(const T *__restrict__ va, const float *__restrict__ sa, const T *__
     const int np = (int)(pairs - p0 < tile_pairs ? pairs - p0 : tile_pairs);
     // LSE math, once per pair.
     for (int i = threadIdx.x; i < np; i += THREADS) {
-      const float a = sa[p0 + i], b = sb[p0 + i];
-      const bool a_empty = is_inf(a), b_empty = is_inf(b);
       float ca, cb, s;
-      if (a_empty && b_empty) {
-        ca = 1.0f, cb = -1.0f, s = __uint_as_float(0xff800000u);  // -inf
-      } else if (a_empty) {  // weight 0 for the empty side, exp(0) = 1 for the other
-        ca = 0.0f, cb = 1.0f, s = b;
-      } else if (b_empty) {
-        ca = 1.0f, cb = 0.0f, s = a;
-      } else {
-        const float m = fmaxf(a, b);
-        const float wa = expf(a - m), wb = expf(b - m), sum = wa + wb;
-        ca = wa / sum, cb = wb / sum, s = logf(sum) + m;
-      }
+      merge_weights(sa[p0 + i], sb[p0 + i], ca, cb, s);
       coef_a[i] = ca, coef_b[i] = cb;
       so[p0 + i] = s;
     }
@@ -106,9 +195,122 @@ merge_kernel(const T *__restrict__ va, const float *__restrict__ sa, const T *__
   }
 }
 
+// LSE_MODE 1 and 2: no tile and no barrier. Each thread loads its packs (mode 1: one; mode 2:
+// PACKS_PER_THREAD, interleaved across the block) together with the two LSEs of their pairs (one
+// round trip to memory instead of two: LSEs, then values) and computes the weights itself; the
+// thread holding a pair's first pack writes s_out. Access k of the flat [pairs, ppp] pack grid
+// belongs to pair k / ppp; IDX is 32-bit where the host proved it safe; LH, SH: the hints.
+[[maybe_unused]] constexpr int THREAD_PACKS = LSE_MODE == 2 ? PACKS_PER_THREAD : 1;
+
+template <typename T, int V, typename IDX, int LH, int SH>
+__global__ void __launch_bounds__(THREADS)
+merge_thread_kernel(const T *__restrict__ va, const float *__restrict__ sa, const T *__restrict__ vb,
+                    const float *__restrict__ sb, T *__restrict__ vo, float *__restrict__ so, int64_t pairs,
+                    int d) {
+  using P = Pack<T, V>;
+  constexpr int U = THREAD_PACKS;
+  const IDX ppp = (IDX)(d / V);  // packs per pair (>= 1: the host sends d == 0 to the tile kernel)
+  const IDX total = (IDX)pairs * ppp, tile = (IDX)THREADS * U;
+  const P *pa = reinterpret_cast<const P *>(va);
+  const P *pb = reinterpret_cast<const P *>(vb);
+  P *po = reinterpret_cast<P *>(vo);
+  for (IDX k0 = (IDX)blockIdx.x * tile + threadIdx.x; k0 < total; k0 += (IDX)gridDim.x * tile) {
+    P a[U] = {}, b[U] = {};
+    float la[U], lb[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {  // all loads first: U packs of each side and their LSEs in flight
+      const IDX k = k0 + (IDX)u * THREADS;
+      la[u] = lb[u] = 0.0f;
+      if (k < total) {
+        const IDX pair = k / ppp;
+        a[u] = load_pack<LH>(pa + k), b[u] = load_pack<LH>(pb + k);
+        la[u] = sa[pair], lb[u] = sb[pair];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const IDX k = k0 + (IDX)u * THREADS;
+      if (k < total) {
+        const IDX pair = k / ppp;
+        float ca, cb, s;
+        merge_weights(la[u], lb[u], ca, cb, s);
+        if (k == pair * ppp) so[pair] = s;
+        if (cb < 0.0f) {
+          store_pack<SH>(po + k, a[u]);
+        } else {
+          P r;
+#pragma unroll
+          for (int e = 0; e < V; ++e) r.v[e] = from_f32<T>(to_f32(a[u].v[e]) * ca + to_f32(b[u].v[e]) * cb);
+          store_pack<SH>(po + k, r);
+        }
+      }
+    }
+  }
+}
+
+// Blocks of `kernel` resident on the whole GPU at once (0 if the runtime cannot say).
+template <typename K>
+[[maybe_unused]] static int64_t resident_blocks(K kernel, int threads, size_t smem) {
+  int dev = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess)
+    return 0;
+  return (int64_t)sms * per_sm;
+}
+
+// Bytes the L2 holds (queried once; 0 if the runtime cannot say).
+[[maybe_unused]] static int64_t l2_bytes() {
+  static int64_t bytes = -1;
+  if (bytes < 0) {
+    int dev = 0, v = 0;
+    const bool ok = cudaGetDevice(&dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, dev) == cudaSuccess;
+    bytes = ok ? v : 0;
+  }
+  return bytes;
+}
+
+template <typename T, int V, int LH, int SH>
+static int launch_threads_hinted(const kopt_tensor *args, int64_t pairs, int d, cudaStream_t stream) {
+  const int ppp = d / V;
+  const int64_t total = pairs * ppp, tile = (int64_t)THREADS * THREAD_PACKS;
+  const int64_t tiles = (total + tile - 1) / tile;
+  int64_t cap = INT_MAX;  // the kernel strides over the rest
+  if constexpr (GRID_WAVES > 0) {
+    static const int64_t resident = resident_blocks(merge_thread_kernel<T, V, uint32_t, LH, SH>, THREADS, 0);
+    if (resident > 0) cap = resident * GRID_WAVES;
+  }
+  const unsigned grid = (unsigned)(tiles < cap ? tiles : cap);
+  auto kernel = 2 * total + tile < ((int64_t)1 << 32) ? merge_thread_kernel<T, V, uint32_t, LH, SH>
+                                                       : merge_thread_kernel<T, V, uint64_t, LH, SH>;
+  kernel<<<grid, THREADS, 0, stream>>>(
+      static_cast<const T *>(args[0].data), static_cast<const float *>(args[1].data),
+      static_cast<const T *>(args[2].data), static_cast<const float *>(args[3].data),
+      static_cast<T *>(args[4].data), static_cast<float *>(args[5].data), pairs, d);
+  return cudaGetLastError() == cudaSuccess ? KOPT_OK : KOPT_ERR_LAUNCH;
+}
+
+// The hints of this call: SMALL_* when it moves no more bytes than the L2 holds (16-byte packs only).
+template <typename T, int V>
+static int launch_threads(const kopt_tensor *args, int64_t pairs, int d, cudaStream_t stream) {
+  if constexpr (V * sizeof(T) != 16) {
+    return launch_threads_hinted<T, V, 0, 0>(args, pairs, d, stream);
+  } else if constexpr (SMALL_LOAD_HINT == LOAD_HINT && SMALL_STORE_HINT == STORE_HINT) {
+    return launch_threads_hinted<T, V, LOAD_HINT, STORE_HINT>(args, pairs, d, stream);
+  } else {
+    if (pairs * (3 * (int64_t)d * (int64_t)sizeof(T) + 12) <= l2_bytes())
+      return launch_threads_hinted<T, V, SMALL_LOAD_HINT, SMALL_STORE_HINT>(args, pairs, d, stream);
+    return launch_threads_hinted<T, V, LOAD_HINT, STORE_HINT>(args, pairs, d, stream);
+  }
+}
+
 template <typename T, int V>
 static int launch_pairs(const kopt_tensor *args, int64_t pairs, int d, cudaStream_t stream) {
   const int ppp = d / V;
+  if constexpr (LSE_MODE != 0) {
+    if (ppp > 0) return launch_threads<T, V>(args, pairs, d, stream);
+  }
   const int tile = ppp > 0 && ppp < TILE_PACKS ? TILE_PACKS / ppp : (ppp > 0 ? 1 : TILE_PACKS);
   const int64_t tiles = (pairs + tile - 1) / tile;
   const unsigned grid = (unsigned)(tiles < INT_MAX ? tiles : INT_MAX);  // the kernel strides over the rest

@@ -1,9 +1,18 @@
 // silu_and_mul, CUDA baseline (in the style of SGLang / FlashInfer act_and_mul):
 //   out[t, j] = silu(x[t, j]) * x[t, D + j],  silu(g) = g / (1 + exp(-g)),
-// fp16 / bf16 (or fp32) storage, fp32 math. BLOCKS_PER_ROW blocks share one row; their threads
-// interleave over it, VEC elements per thread per step (16-byte accesses at VEC = 8, 16-bit).
-// The vectorized path needs D % VEC == 0 and every row base (gate, up, out) aligned for a
-// VEC-element access; otherwise the scalar path runs. Both are chosen per launch on the host.
+// fp16 / bf16 (or fp32) storage, fp32 math. The defaults below are the SGLang-like baseline: one
+// block per row (BLOCKS_PER_ROW = 1), its threads interleaved over the row, VEC = 8 elements
+// (one 16-byte access) per thread per step. The tuning space around it (docs/tuning-notes.md):
+//   VEC > 16 bytes    each thread takes VEC / PACK 16-byte packs per step, interleaved across the
+//                     block (pack k of thread i at i + k * THREADS): all loads issued before the
+//                     first use, so more bytes are in flight per thread (ILP);
+//   BLOCKS_PER_ROW 0  "flat": the [T, D] output as one index space cut into contiguous tiles of
+//                     THREADS * (VEC / PACK) packs, one tile per block, so the grid is balanced for
+//                     any D and consecutive blocks stream consecutive memory (as Inductor does);
+//                     its loads carry L2 cache hints chosen by the call's size (below).
+// Measured on an H100 (docs/tuning-notes.md): flat, VEC 8, 256 threads is 1.07x the default.
+// The vectorized path needs D % PACK == 0 and every row base (gate, up, out) aligned for a
+// PACK-element access; otherwise the scalar path runs. Both are chosen per launch on the host.
 #include <climits>
 #include <cstdint>
 
@@ -18,7 +27,25 @@
 #define THREADS 256
 #define BLOCKS_PER_ROW 1
 
-static_assert(VEC > 0 && THREADS > 0 && THREADS <= 1024 && BLOCKS_PER_ROW > 0, "bad tunables");
+// Fixed by measurement, not searched (docs/tuning-notes.md). Cache hints of the flat mode
+// (BLOCKS_PER_ROW 0; the row-per-block modes stay plain like the baseline), on 16-byte accesses:
+// SMALL_* when the call moves no more bytes than the L2 holds, the others above that.
+//   loads:  0 plain (ld.global.nc), 2 ld.global.cs (evict first), 3 ld.global.nc.L1::no_allocate,
+//           5 L2::evict_first cache policy (createpolicy), 6 L2::evict_last cache policy;
+//   stores: 0 plain, 1 st.global.cs (evict first).
+// Chosen: evict-first loads when the call fits in L2 (-3% at [512, 28672]), an evict_last policy
+// above (-2% at [4096, 28672] and [16384, 28672]); store hints measured neutral.
+// FAST_EXP 1: __expf and __frcp_rn (--use_fast_math does this and more, everywhere).
+// GRID_WAVES > 0: cap the flat grid at that many waves of resident blocks (a persistent grid that
+// strides over the rest); 0: one tile per block.
+#define SMALL_LOAD_HINT 2
+#define SMALL_STORE_HINT 0
+#define LOAD_HINT 6
+#define STORE_HINT 0
+#define FAST_EXP 0
+#define GRID_WAVES 0
+
+static_assert(VEC > 0 && THREADS > 0 && THREADS <= 1024 && BLOCKS_PER_ROW >= 0, "bad tunables");
 
 // fp32 <-> storage conversions (round to nearest even on the way back).
 __device__ __forceinline__ float to_f32(float v) { return v; }
@@ -30,65 +57,206 @@ template <> __device__ __forceinline__ __half from_f32<__half>(float f) { return
 template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float f) { return __float2bfloat16_rn(f); }
 
 // expf, not __expf: the baseline keeps full-precision exp (--use_fast_math is the tuner's call).
-__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+__device__ __forceinline__ float silu_mul(float g, float u) {
+#if FAST_EXP
+  return g * __frcp_rn(1.0f + __expf(-g)) * u;
+#else
+  return g / (1.0f + expf(-g)) * u;
+#endif
+}
 
-// VEC elements moved as one aligned access (ld/st.global.v{2,4} where the size allows).
-template <typename T>
-struct alignas(sizeof(T) * VEC) Pack {
-  T v[VEC];
+// V elements moved as one aligned access (ld/st.global.v{2,4} where the size allows).
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
 };
 
-template <typename T, bool VECTORIZED>
+// One pack load / store with a cache hint; hints apply to 16-byte packs only (others: plain).
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ uint64_t l2_policy_evict_last() {
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
+template <int HINT, typename P>
+__device__ __forceinline__ P load_pack(const P *p) {
+  if constexpr (sizeof(P) == 16 && HINT != 0) {
+    uint4 r;
+    if constexpr (HINT == 2) {
+      r = __ldcs(reinterpret_cast<const uint4 *>(p));
+    } else if constexpr (HINT == 3) {
+      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    } else {
+      static_assert(HINT == 5 || HINT == 6, "load hints are 0, 2, 3, 5, 6");
+      const uint64_t pol = HINT == 5 ? l2_policy_evict_first() : l2_policy_evict_last();
+      asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                   : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(pol));
+    }
+    P out;
+    __builtin_memcpy(&out, &r, 16);
+    return out;
+  } else {
+    return *p;
+  }
+}
+
+template <int HINT, typename P>
+__device__ __forceinline__ void store_pack(P *p, const P &v) {
+  if constexpr (sizeof(P) == 16 && HINT == 1) {
+    uint4 r;
+    __builtin_memcpy(&r, &v, 16);
+    __stcs(reinterpret_cast<uint4 *>(p), r);
+  } else {
+    static_assert(HINT == 0 || HINT == 1, "store hints are 0, 1");
+    *p = v;
+  }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> combine(const Pack<T, V> &g, const Pack<T, V> &u) {
+  Pack<T, V> r;
+#pragma unroll
+  for (int k = 0; k < V; ++k) r.v[k] = from_f32<T>(silu_mul(to_f32(g.v[k]), to_f32(u.v[k])));
+  return r;
+}
+
+// V: elements per access (PACK on the vectorized path, 1 on the scalar path); U: accesses per
+// thread per step; IDX: the flat index type (32-bit where the host proved it cannot overflow);
+// LH, SH: load and store hints (flat mode only).
+template <typename T, int V, int U, typename IDX, int LH, int SH>
 __global__ void __launch_bounds__(THREADS)
 silu_and_mul_kernel(const T *__restrict__ x, int64_t x_row_stride, T *__restrict__ out,
                     int64_t out_row_stride, int64_t rows, int d) {
-  const int part = blockIdx.x % BLOCKS_PER_ROW;     // which slice of the row's threads we are
-  const int first = part * THREADS + threadIdx.x;   // thread index within the row
-  const int step = BLOCKS_PER_ROW * THREADS;        // threads per row
-  const int64_t row_step = gridDim.x / BLOCKS_PER_ROW;
-  // Grid-stride over rows so that any T works even if the grid was capped on the host.
-  for (int64_t t = blockIdx.x / BLOCKS_PER_ROW; t < rows; t += row_step) {
-    const T *gate = x + t * x_row_stride;
-    const T *up = gate + d;
-    T *o = out + t * out_row_stride;
-    if constexpr (VECTORIZED) {
-      using P = Pack<T>;
-      const P *gp = reinterpret_cast<const P *>(gate);
-      const P *up_p = reinterpret_cast<const P *>(up);
-      P *op = reinterpret_cast<P *>(o);
-      const int n = d / VEC;  // exact: the host checked d % VEC == 0
+  using P = Pack<T, V>;
+  const int n = d / V;  // accesses per row (exact: the host checked d % V == 0)
+  if constexpr (BLOCKS_PER_ROW > 0) {
+    constexpr int bpr = BLOCKS_PER_ROW > 0 ? BLOCKS_PER_ROW : 1;  // (no division by zero when 0)
+    const int part = blockIdx.x % bpr;                       // which slice of the row's threads we are
+    const int first = part * THREADS * U + threadIdx.x;      // first access of this thread in the row
+    const int step = bpr * THREADS * U;                      // accesses per row per step
+    const int64_t row_step = gridDim.x / bpr;
+    // Grid-stride over rows so that any T works even if the grid was capped on the host.
+    for (int64_t t = blockIdx.x / bpr; t < rows; t += row_step) {
+      const P *gp = reinterpret_cast<const P *>(x + t * x_row_stride);
+      const P *up = reinterpret_cast<const P *>(x + t * x_row_stride + d);
+      P *op = reinterpret_cast<P *>(out + t * out_row_stride);
       for (int i = first; i < n; i += step) {
-        const P g = gp[i], u = up_p[i];
-        P r;
+        P g[U] = {}, u[U] = {};  // zero-init: no reads of uninitialized registers on the tail
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) r.v[k] = from_f32<T>(silu_mul(to_f32(g.v[k]), to_f32(u.v[k])));
-        op[i] = r;
+        for (int k = 0; k < U; ++k)  // all loads first: U accesses of each input in flight
+          if (i + k * THREADS < n) g[k] = gp[i + k * THREADS], u[k] = up[i + k * THREADS];
+#pragma unroll
+        for (int k = 0; k < U; ++k)
+          if (i + k * THREADS < n) op[i + k * THREADS] = combine(g[k], u[k]);
       }
-    } else {
-      for (int j = first; j < d; j += step) o[j] = from_f32<T>(silu_mul(to_f32(gate[j]), to_f32(up[j])));
+    }
+  } else {
+    // Flat: access k of the [rows, n] grid is row k / n, column k % n.
+    const IDX total = (IDX)rows * (IDX)n;
+    const IDX tile = (IDX)THREADS * U;
+    for (IDX k0 = (IDX)blockIdx.x * tile + threadIdx.x; k0 < total; k0 += (IDX)gridDim.x * tile) {
+      P g[U] = {}, u[U] = {};
+      int64_t xo[U], oo[U];  // element offsets of the gate and out accesses
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        const IDX kk = k0 + (IDX)k * THREADS;
+        const IDX row = kk / (IDX)n, col = kk - row * (IDX)n;
+        xo[k] = (int64_t)row * x_row_stride + (int64_t)col * V;
+        oo[k] = (int64_t)row * out_row_stride + (int64_t)col * V;
+        if (kk < total) {
+          g[k] = load_pack<LH>(reinterpret_cast<const P *>(x + xo[k]));
+          u[k] = load_pack<LH>(reinterpret_cast<const P *>(x + xo[k] + d));
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < U; ++k)
+        if (k0 + (IDX)k * THREADS < total) store_pack<SH>(reinterpret_cast<P *>(out + oo[k]), combine(g[k], u[k]));
     }
   }
 }
 
+// Blocks of `kernel` resident on the whole GPU at once (0 if the runtime cannot say).
+template <typename K>
+[[maybe_unused]] static int64_t resident_blocks(K kernel, int threads, size_t smem) {
+  int dev = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess)
+    return 0;
+  return (int64_t)sms * per_sm;
+}
+
+// Bytes the L2 holds (queried once; 0 if the runtime cannot say).
+[[maybe_unused]] static int64_t l2_bytes() {
+  static int64_t bytes = -1;
+  if (bytes < 0) {
+    int dev = 0, v = 0;
+    const bool ok = cudaGetDevice(&dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, dev) == cudaSuccess;
+    bytes = ok ? v : 0;
+  }
+  return bytes;
+}
+
+template <typename T, int V, int U, int LH, int SH>
+static void launch_flat(const T *xp, int64_t xs, T *op, int64_t os, int64_t rows, int d, cudaStream_t stream) {
+  const int64_t total = rows * (int64_t)(d / V), tile = (int64_t)THREADS * U;
+  const int64_t tiles = (total + tile - 1) / tile;
+  int64_t cap = INT_MAX;  // the kernel strides over the rest
+  if constexpr (GRID_WAVES > 0) {
+    static const int64_t resident = resident_blocks(silu_and_mul_kernel<T, V, U, uint32_t, LH, SH>, THREADS, 0);
+    if (resident > 0) cap = resident * GRID_WAVES;
+  }
+  const unsigned grid = (unsigned)(tiles < cap ? tiles : cap);
+  // 32-bit flat indices when k0 + one grid stride cannot wrap.
+  if (2 * total + tile < ((int64_t)1 << 32))
+    silu_and_mul_kernel<T, V, U, uint32_t, LH, SH><<<grid, THREADS, 0, stream>>>(xp, xs, op, os, rows, d);
+  else
+    silu_and_mul_kernel<T, V, U, uint64_t, LH, SH><<<grid, THREADS, 0, stream>>>(xp, xs, op, os, rows, d);
+}
+
+template <typename T, int V, int U>
+static int launch_kernel(const T *xp, int64_t xs, T *op, int64_t os, int64_t rows, int d, cudaStream_t stream) {
+  if constexpr (BLOCKS_PER_ROW > 0) {
+    // One block group per row, capped to the 1D grid limit (the kernel strides over extra rows).
+    constexpr int bpr = BLOCKS_PER_ROW > 0 ? BLOCKS_PER_ROW : 1;  // (no division by zero when 0)
+    const int64_t max_rows = INT_MAX / bpr;
+    const unsigned grid = (unsigned)((rows < max_rows ? rows : max_rows) * bpr);
+    silu_and_mul_kernel<T, V, U, uint32_t, 0, 0><<<grid, THREADS, 0, stream>>>(xp, xs, op, os, rows, d);
+  } else if constexpr (V * sizeof(T) != 16 ||
+                       (SMALL_LOAD_HINT == LOAD_HINT && SMALL_STORE_HINT == STORE_HINT)) {
+    launch_flat<T, V, U, V * sizeof(T) == 16 ? LOAD_HINT : 0, V * sizeof(T) == 16 ? STORE_HINT : 0>(
+        xp, xs, op, os, rows, d, stream);
+  } else if (rows * (int64_t)d * 3 * (int64_t)sizeof(T) <= l2_bytes()) {  // the whole call fits in L2
+    launch_flat<T, V, U, SMALL_LOAD_HINT, SMALL_STORE_HINT>(xp, xs, op, os, rows, d, stream);
+  } else {
+    launch_flat<T, V, U, LOAD_HINT, STORE_HINT>(xp, xs, op, os, rows, d, stream);
+  }
+  return cudaGetLastError() == cudaSuccess ? KOPT_OK : KOPT_ERR_LAUNCH;
+}
+
 template <typename T>
 static int launch(const kopt_tensor &x, const kopt_tensor &out, int64_t rows, int d, cudaStream_t stream) {
+  // One access moves PACK elements, at most 16 bytes; a thread makes U = VEC / PACK of them per step.
+  constexpr int PACK = sizeof(T) * VEC > 16 ? 16 / (int)sizeof(T) : VEC;
+  constexpr int U = VEC / PACK > 0 ? VEC / PACK : 1;
   const int64_t xs = x.strides[0], os = out.strides[0];
-  // Every row base is VEC-aligned iff the first one is and the row strides (and d, for the up
-  // half) are multiples of VEC elements.
-  const uintptr_t align = sizeof(T) * VEC;
-  const bool vectorized = d % VEC == 0 && xs % VEC == 0 && os % VEC == 0 &&
+  // Every row base is PACK-aligned iff the first one is and the row strides (and d, for the up
+  // half) are multiples of PACK elements.
+  const uintptr_t align = sizeof(T) * PACK;
+  const bool vectorized = d % PACK == 0 && xs % PACK == 0 && os % PACK == 0 &&
                           reinterpret_cast<uintptr_t>(x.data) % align == 0 &&
                           reinterpret_cast<uintptr_t>(out.data) % align == 0;
-  // One block group per row, capped to the 1D grid limit (the kernel strides over extra rows).
-  const int64_t max_rows = INT_MAX / BLOCKS_PER_ROW;
-  const unsigned grid = (unsigned)((rows < max_rows ? rows : max_rows) * BLOCKS_PER_ROW);
   const T *xp = static_cast<const T *>(x.data);
   T *op = static_cast<T *>(out.data);
-  if (vectorized)
-    silu_and_mul_kernel<T, true><<<grid, THREADS, 0, stream>>>(xp, xs, op, os, rows, d);
-  else
-    silu_and_mul_kernel<T, false><<<grid, THREADS, 0, stream>>>(xp, xs, op, os, rows, d);
-  return cudaGetLastError() == cudaSuccess ? KOPT_OK : KOPT_ERR_LAUNCH;
+  if (vectorized) return launch_kernel<T, PACK, U>(xp, xs, op, os, rows, d, stream);
+  return launch_kernel<T, 1, U>(xp, xs, op, os, rows, d, stream);
 }
 
 KOPT_EXPORT int kopt_silu_and_mul(const kopt_tensor *args, int32_t nargs, void *stream) {
