@@ -79,7 +79,7 @@ class ActivityTimeouts(BaseModel):
     compile_s: float = 600
     compile_heartbeat_s: float = 10
     exec_s: float = 1200
-    exec_heartbeat_s: float = 10  # cancellation reaches a running kernel within ~this
+    exec_heartbeat_s: float = 20  # a dead worker is noticed, and a cancellation arrives, within ~this
 
 
 class Approval(BaseModel):
