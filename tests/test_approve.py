@@ -1,0 +1,60 @@
+"""--approve: a new best waits for an Approval update; the validator rejects unknown candidate ids."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import uuid
+
+import pytest
+
+from kopt import queues
+from kopt.client import connect
+from kopt.errors import UsageError
+from kopt.inspect import approve, status
+from kopt.run_models import OptimizeResult, Progress
+from kopt.runs import prepare_request
+from kopt.settings import Settings
+from kopt.workers import WorkerPlan, make_workers, toolchains_for
+from tests.conftest import REPO
+
+
+async def _run(server, home):
+    settings = Settings(home=home)
+    req = prepare_request(REPO / "tests" / "fixtures" / "repeat", "cpu", None, 1, "offline", 0, settings)
+    req = req.model_copy(update={"approve": True})
+    client = await connect(server.address, settings)
+    plan = WorkerPlan(roles=("workflows", "agents", "build", "exec"), toolchains=toolchains_for(["cpu"]),
+                      exec_target="cpu")
+    workers = make_workers(client, settings, plan)
+    for w in workers:
+        await w.__aenter__()
+    try:
+        wf_id = f"approve-{uuid.uuid4()}"
+        handle = await client.start_workflow(queues.WORKFLOW_NAME, req, id=wf_id, task_queue=queues.WORKFLOW_QUEUE,
+                                             result_type=OptimizeResult)
+        with pytest.raises(UsageError, match="no candidate is waiting"):
+            await approve(client, wf_id, "nope", True, out=io.StringIO())
+        for _ in range(600):
+            progress = await handle.query("progress", result_type=Progress)
+            if progress.pending_approval:
+                break
+            await asyncio.sleep(0.2)
+        pending = progress.pending_approval
+        assert pending and progress.phase == "awaiting approval"
+        shown = io.StringIO()
+        await status(client, wf_id, out=shown)
+        assert f"waiting for approval of {pending}" in shown.getvalue()
+        with pytest.raises(UsageError, match="unknown candidate id"):
+            await approve(client, wf_id, "0000000000000000", True, out=io.StringIO())
+        await approve(client, wf_id, pending, True, out=io.StringIO())
+        return pending, await handle.result()
+    finally:
+        for w in workers:
+            await w.__aexit__(None, None, None)
+
+
+@pytest.mark.slow
+def test_new_best_waits_for_approval(temporal_server, tmp_path):
+    pending, result = asyncio.run(_run(temporal_server, tmp_path / "home"))
+    assert result.best.candidate_id == pending and result.rounds[0].accepted
