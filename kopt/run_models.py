@@ -14,7 +14,6 @@ from kopt.agent_models import LLMCall, LLMConfig
 from kopt.models import (
     Candidate,
     CompileResult,
-    DType,
     PackageRef,
     ProfileResult,
     RoundRecord,
