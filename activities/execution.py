@@ -3,7 +3,8 @@
 The kernel runs in an isolated child process (gpu_worker.runner); a crash, hang or wrong result
 comes back as data, and the worker keeps serving. Results are cached by content (library, request,
 device, harness version), so a retried activity or a replayed workflow never pays twice for
-device time.
+device time. While a job runs, each finished piece (a check group, a timed shape) is heartbeated,
+so a retry after a lost worker resumes after it instead of running it again.
 """
 
 from __future__ import annotations
@@ -14,19 +15,42 @@ import time
 from pathlib import Path
 
 import structlog
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from temporalio import activity
 
 from gpu_worker import runner
 from gpu_worker.protocol import HARNESS_VERSION
 from kopt.artifacts import ArtifactStore
-from kopt.models import ExecRequest, ProfileResult, TestResult
+from kopt.models import ExecProgress, ExecRequest, Partial, ProfileResult, TestResult
 
 log = structlog.get_logger(__name__)
 
 
-def _heartbeat(detail: str) -> None:
-    activity.heartbeat(detail)
+class _Progress:
+    """The activity's heartbeat details (ExecProgress): the harness's current step and every piece
+    (check group, timed shape) finished so far, including those resumed from an earlier attempt, so
+    the next attempt after a lost worker resumes after them."""
+
+    def __init__(self, resumed: list[Partial]) -> None:
+        self.state = ExecProgress(partials=list(resumed))
+
+    def step(self, detail: str) -> None:
+        self.state.step = detail
+        activity.heartbeat(self.state.model_dump(mode="json"))
+
+    def partial(self, piece: Partial) -> None:
+        self.state.partials.append(piece)
+        activity.heartbeat(self.state.model_dump(mode="json"))
+
+
+def resumed_partials() -> list[Partial]:
+    """Pieces an earlier attempt of this activity finished, from its last heartbeat details."""
+    for detail in reversed(activity.info().heartbeat_details):
+        try:
+            return ExecProgress.model_validate(detail).partials
+        except ValidationError:
+            continue  # an older worker's plain-text heartbeat
+    return []
 
 
 class ExecActivities:
@@ -54,9 +78,15 @@ class ExecActivities:
         baseline = self._library(req.baseline_library) if req.baseline_library else None
         package_dir = self.store.unpack_tree(req.package.files, self.work_dir / "packages")
         # An audit line per real execution: how often a candidate actually ran on this device.
+        resumed = resumed_partials()
         with (self.work_dir / "executions.log").open("a") as fh:
-            fh.write(f"{time.time():.3f} {mode} {req.candidate_id} attempt={activity.info().attempt}\n")
-        result = await run(req, lib, package_dir, req.package.spec, heartbeat=_heartbeat, baseline=baseline)
+            fh.write(f"{time.time():.3f} {mode} {req.candidate_id} attempt={activity.info().attempt} "
+                     f"resumed={len(resumed)}\n")  # fmt: skip
+        if resumed:
+            log.info("exec_resume", mode=mode, candidate=req.candidate_id, pieces=len(resumed))
+        progress = _Progress(resumed)
+        result = await run(req, lib, package_dir, req.package.spec, heartbeat=progress.step, baseline=baseline,
+                           resume=resumed, on_partial=progress.partial)  # fmt: skip
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(".tmp")
         tmp.write_text(result.model_dump_json())

@@ -2,8 +2,9 @@
 
 The planner runs a coordinate search from the best candidate so far: each round it changes one
 declared tunable or one compile option, cycling through the dimensions so that a few rounds
-already cover several of them, and never proposes a configuration that was already tried. The
-coder applies the plan as a real source change (the tunable `#define` lines) plus compile flags.
+already cover several of them, and never proposes a configuration that was already tried (the
+request's recent records plus its digest of older ones, `PlanRequest.earlier`). The coder applies
+the plan as a real source change (the tunable `#define` lines) plus compile flags.
 """
 
 from __future__ import annotations
@@ -12,12 +13,7 @@ from agents.playbook import PLAYBOOK
 from kopt.candidates import candidate_id, unified_diff
 from kopt.models import Candidate, CodeRequest, CodeResult, Plan, PlanRequest
 from kopt.package import apply_tunables, read_tunables
-
-Config = tuple[tuple[tuple[str, int], ...], tuple[str, ...]]
-
-
-def _key(tunables: dict[str, int], flags: list[str]) -> Config:
-    return tuple(sorted(tunables.items())), tuple(sorted(flags))
+from kopt.plan_history import config_key
 
 
 def _moves(req: PlanRequest) -> list[list[tuple[str, dict[str, int], list[str]]]]:
@@ -42,22 +38,24 @@ def _moves(req: PlanRequest) -> list[list[tuple[str, dict[str, int], list[str]]]
     return [d for d in dims if d]
 
 
-def _baseline_key(req: PlanRequest) -> Config:
+def _baseline_key(req: PlanRequest) -> str:
     spec = req.package.spec
     source = req.package.baseline_sources[req.target]
     flags = spec.build[req.target].flags if req.target in spec.build else []
-    return _key(read_tunables(source, [t.name for t in spec.tunables_for(req.target)]), flags)
+    return config_key(read_tunables(source, [t.name for t in spec.tunables_for(req.target)]), flags)
 
 
 def plan(req: PlanRequest) -> Plan:
-    tried = {_key(h.tunables, h.flags) for h in req.history}
-    tried.add(_key(req.best.tunables, req.best.flags))
+    tried = {config_key(h.tunables, h.flags) for h in req.history}
+    if req.earlier is not None:  # records older than the request's window
+        tried.update(req.earlier.tried)
+    tried.add(config_key(req.best.tunables, req.best.flags))
     tried.add(_baseline_key(req))  # measured in round 0
     dims = _moves(req)
     for offset in range(len(dims)):
         dim = dims[(req.round - 1 + offset) % len(dims)]
         for description, tunables, flags in dim:
-            if _key(tunables, flags) not in tried:
+            if config_key(tunables, flags) not in tried:
                 return Plan(
                     round=req.round,
                     description=description,

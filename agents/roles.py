@@ -32,6 +32,7 @@ from kopt.models import (
     Candidate,
     CodeRequest,
     CodeResult,
+    HistoryDigest,
     KernelSpec,
     Plan,
     PlanRequest,
@@ -42,6 +43,7 @@ from kopt.models import (
 from kopt.package import PackageError, apply_tunables
 
 DESCRIPTION_CHARS = 160
+EARLIER_CONFIGS = 60  # configurations of the history digest a prompt lists one by one (the most recent)
 
 # ---------------------------------------------------------------- reply schemas
 
@@ -131,10 +133,25 @@ def _kernel(spec: KernelSpec, target: Target) -> dict[str, str]:
             "source_name": spec.sources[target]}
 
 
-def _history(history: list[RoundRecord]) -> str:
-    if not history:
+def _earlier(digest: HistoryDigest) -> list[str]:
+    """Lines for the records older than the request's window: bounded however long the run is."""
+    head = (f"Older candidates in brief ({digest.records} of rounds 1-{digest.last_round}; "
+            "configurations as tunables|flags):")
+    lines = [head]
+    lines += [f"- fastest: {t}" for t in digest.top]
+    lines += [f"- failed {n}x: {reason}" for reason, n in digest.failures.items()]
+    tried = list(digest.tried.items())
+    shown = tried[-EARLIER_CONFIGS:]
+    if len(tried) > len(shown):
+        lines.append(f"- {len(tried) - len(shown)} older configurations not shown (all were tried)")
+    lines += [f"- tried {key}: {outcome}" for key, outcome in shown]
+    return [*lines, "The most recent candidates in full:"]
+
+
+def _history(history: list[RoundRecord], earlier: HistoryDigest | None = None) -> str:
+    if not history and earlier is None:
         return "(none yet: this is the first round)"
-    lines = []
+    lines = _earlier(earlier) if earlier is not None else []
     for h in history:
         if h.speedup_geomean is not None:
             verdict = f"{h.speedup_geomean:.3f}x"
@@ -182,7 +199,8 @@ def _plan_context(req: PlanRequest) -> dict[str, str]:
     return {**_kernel(req.package.spec, req.target), "round": str(req.round), "best_id": req.best.id,
             "best_speedup": f"{req.best_speedup:.3f}", "best_flags": json.dumps(req.best.flags),
             "best_tunables": json.dumps(req.best.tunables), "best_source": req.best.source,
-            "diagnosis": _diagnosis(diagnosis), "history": _history(req.history), "playbook": playbook}
+            "diagnosis": _diagnosis(diagnosis), "history": _history(req.history, req.earlier),
+            "playbook": playbook}
 
 
 # ---------------------------------------------------------------- turning replies into contracts

@@ -49,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", choices=["cpu", "cuda"], default=None, help="default: cuda when nvidia-smi sees a GPU")
     p.add_argument("--quick", action="store_true", help="short sampling, first bench shape and dtype only (smoke)")
     p.add_argument("--time-cap", type=float, default=None, help="sampling cap per shape and dtype (s)")
+    p.add_argument("--also", default="", help="comma-separated kernel package folders: a self A/B of each too")
     p.add_argument("--out-dir", default=str(REPO / "bench" / "results"))
     return p.parse_args(argv)
 
@@ -109,6 +110,17 @@ async def main(argv: list[str] | None = None) -> int:
                                            baseline=base)  # fmt: skip
         if not self_ab.ok:
             sys.exit(f"self A/B failed: {self_ab.reason}")
+        also = {}
+        for other in filter(None, args.also.split(",")):
+            opkg = Path(other)
+            ospec = load_spec(opkg)
+            olib = await build_lib(tc, opkg, target, Path(tmp) / f"also-{ospec.name}")
+            print(f"{target}: A/B of the {ospec.name} baseline against itself ...", flush=True)
+            oab = await runner.run_profile(request(ospec, target, ospec.shapes[target].bench, ospec.dtypes, time_cap),
+                                           olib, opkg, ospec, baseline=olib)  # fmt: skip
+            if not oab.ok:
+                sys.exit(f"{ospec.name} self A/B failed: {oab.reason}")
+            also[ospec.name] = oab
         print("copy kernel %SOL ...", flush=True)
         copy = await runner.run_profile(request(copy_spec, target, copy_bench, copy_dtypes, time_cap), copy_lib, COPY,
                                         copy_spec)  # fmt: skip
@@ -136,6 +148,13 @@ async def main(argv: list[str] | None = None) -> int:
               f"[{s.ci_low:.4f}, {s.ci_high:.4f}] {t.pct_sol:6.1f}")  # fmt: skip
     floor = max(max(1 - s.ci_low, s.ci_high - 1) for s in ab.per_shape)
     print(f"geomean self-ratio {ab.speedup_geomean:.4f} [{ab.ci_low:.4f}, {ab.ci_high:.4f}]; noise floor ~{floor:.4f}")
+    for name, oab in also.items():
+        print(f"\n{name} self A/B:")
+        osol = {(t.shape, t.dtype): t for t in oab.timings}
+        for s in oab.ab.per_shape:
+            t = osol[(s.shape, s.dtype)]
+            print(f"{s.shape:<24} {s.dtype:<9} {s.mode:<8} {s.candidate_us:9.2f} {s.speedup:10.4f} "
+                  f"[{s.ci_low:.4f}, {s.ci_high:.4f}] {t.pct_sol:6.1f}")  # fmt: skip
     print("\ncopy kernel:")
     for t in copy.timings:
         print(f"{t.shape:<24} {t.dtype:<9} {t.mode:<8} {t.median_us:9.2f} us {t.gbytes_per_s:8.1f} GB/s "
@@ -159,6 +178,8 @@ async def main(argv: list[str] | None = None) -> int:
         "self_ab": ab.model_dump(),
         "self_ab_timings": [t.model_dump() for t in self_ab.timings],
         "noise_floor": floor,
+        "also_self_ab": {name: {"ab": oab.ab.model_dump(), "timings": [t.model_dump() for t in oab.timings]}
+                         for name, oab in also.items()},  # fmt: skip
         "copy": [t.model_dump() for t in copy.timings],
         "overhead_s": {"test": round(t1 - t0, 3), "profile": round(t2 - t1, 3), "total": round(t2 - t0, 3)},
         "test_correct": tested.correct,

@@ -21,12 +21,15 @@ from gpu_worker.abi import Kernel, KernelFailure, Packed
 from gpu_worker.device import cpu_name
 from gpu_worker.nvml import Nvml
 from gpu_worker.protocol import HarnessJob
+from kopt.models import Partial
 
 
 class Context:
     def __init__(self, job: HarnessJob, progress: Callable[[str], None]) -> None:
         self.job = job
         self.progress = progress
+        self.report: Callable[[Partial], None] = lambda partial: None  # a finished piece (harness: a frame)
+        self.resumed = {p.key: p for p in job.resume}  # pieces an earlier attempt finished
         self.notes: list[str] = []
         self.cuda = job.target == "cuda"
         self.nvml: Nvml | None = None

@@ -20,7 +20,7 @@ from gpu_worker.abi import UNSUPPORTED, error_message
 from gpu_worker.cases import Case, generate, reference, shapes_of, supports_special
 from gpu_worker.checks import Errors, bound, check_inputs, check_outputs
 from gpu_worker.context import Context, derive_seed
-from kopt.models import ShapeCheck, TestResult, Tolerance
+from kopt.models import Partial, ShapeCheck, TestResult, Tolerance
 
 
 @dataclass
@@ -40,7 +40,13 @@ def run_test(ctx: Context) -> TestResult:
     checks: list[ShapeCheck] = []
     variant_checks: list[ShapeCheck] = []
     reason = None
+    resumed = 0
     for group in groups:
+        done = ctx.resumed.get(f"test {group.key}")
+        if done is not None and done.check is not None and done.check.ok and reason is None:
+            resumed += 1
+            (checks if group.declared and not group.variant else variant_checks).append(done.check)
+            continue
         if reason is not None:
             # After the first failure, only a quick look at the remaining declared shapes (one
             # trial each), so the report still says which shapes fail, without the full cost.
@@ -49,19 +55,22 @@ def run_test(ctx: Context) -> TestResult:
             group = plan.Group(group.label, group.dtype, group.variant, True, group.cases[:1])
         out = run_group(ctx, group, job.tolerances[group.dtype])
         ok = out.message is None
-        (checks if group.declared and not group.variant else variant_checks).append(
-            ShapeCheck(
-                shape=group.label, dtype=group.dtype, variant=group.variant, ok=ok, message=out.message or out.skipped,
-                skipped=out.skipped is not None, max_abs_err=out.cand.abs if out.cand.seen else None,
-                max_rel_err=out.cand.rel if out.cand.seen else None,
-                baseline_max_abs_err=out.base.abs if out.base.seen and out.base_ok else None, error_bound=out.bound,
-            )  # fmt: skip
-        )
+        check = ShapeCheck(
+            shape=group.label, dtype=group.dtype, variant=group.variant, ok=ok, message=out.message or out.skipped,
+            skipped=out.skipped is not None, max_abs_err=out.cand.abs if out.cand.seen else None,
+            max_rel_err=out.cand.rel if out.cand.seen else None,
+            baseline_max_abs_err=out.base.abs if out.base.seen and out.base_ok else None, error_bound=out.bound,
+        )  # fmt: skip
+        (checks if group.declared and not group.variant else variant_checks).append(check)
+        if ok and reason is None:
+            ctx.report(Partial(key=f"test {group.key}", check=check))
         if out.message and reason is None:
             reason = f"{group.key}: {out.message}"
         if group.declared and not out.base_ok and ctx.baseline is not None:
             ctx.notes.append(f"{group.key}: the baseline itself fails this declared case; no calibration")
     ctx.sync_device()  # surface asynchronous launch errors as failures of this job
+    if resumed:
+        ctx.notes.append(f"resumed: {resumed} check group(s) passed in an earlier attempt of this job were not run again")
     if not checks:
         reason = "nothing to test: no shapes or no dtypes"
     return TestResult(

@@ -90,8 +90,9 @@ def run_job(job: HarnessJob, channel: Channel):
     with torch.no_grad():
         channel.progress("setup")
         ctx = Context(job, channel.progress)
-        copy_bw = None
-        if job.mode == "profile":
+        ctx.report = lambda partial: channel.send("partial", partial.model_dump_json())
+        copy_bw = job.copy_bandwidth_gbs
+        if job.mode == "profile" and copy_bw is None:
             channel.progress("profile copy bandwidth")
             copy_bw = timing.cuda_copy_bandwidth(ctx.device) if ctx.cuda else timing.cpu_copy_bandwidth()
         if job.sandbox:

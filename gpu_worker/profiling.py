@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import time
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,15 @@ from gpu_worker.context import Context, derive_seed
 from gpu_worker.nvml import Monitor
 from gpu_worker.plan import CaseSpec
 from kopt import expr
-from kopt.models import ELEMENT_SIZE, ABResult, ProfileResult, Shape, ShapeAB, ShapeTiming
+from kopt.models import (
+    ELEMENT_SIZE,
+    ABResult,
+    Partial,
+    ProfileResult,
+    Shape,
+    ShapeAB,
+    ShapeTiming,
+)
 
 PROFILE_SETS = 3  # rotating input sets per timed shape in cold and CPU modes
 PROFILE_SET_BUDGET = 8 << 30  # bytes per kernel of rotating sets on CUDA; huge shapes rotate fewer (min 2)
@@ -41,12 +50,17 @@ HIDDEN_WORK_S = 5e-3  # device time the wall-clock cross-check aims for
 class Rotation:
     """One kernel's slots over the unique input sets; calls rotate through the slots."""
 
-    def __init__(self, ctx: Context, kernel: Kernel, uniques: list[tuple[dict, dict]], cs: CaseSpec, slots: int):
+    def __init__(self, ctx: Context, kernel: Kernel, uniques: list[tuple[dict, dict]], cs: CaseSpec, slots: int,
+                 share: Rotation | None = None):  # fmt: skip
         self.ctx, self.kernel = ctx, kernel
         self.uniques = uniques  # (pristine, refs) per unique input set
         dev = ctx.device.type
-        self.slots = [Case(ctx.job.spec.arguments, uniques[k % len(uniques)][0], cs, dev, guards=False)
-                      for k in range(slots)]  # fmt: skip
+        # `share`: time on the same buffers as another kernel (A/B), so that where the allocator put
+        # each side's buffers cannot tilt the ratio; every call re-poisons its slot first anyway.
+        self.slots = share.slots if share is not None else [
+            Case(ctx.job.spec.arguments, uniques[k % len(uniques)][0], cs, dev, guards=False) for k in range(slots)
+        ]  # fmt: skip
+        self.writers: list[str | None] = share.writers if share is not None else [None] * len(self.slots)
         self.order = itertools.cycle(range(slots))
         self.cur = 0
 
@@ -56,12 +70,24 @@ class Rotation:
 
     def call(self, stream: int | None = None) -> None:
         rc = self.kernel(self.slots[self.cur].packed, stream)
+        self.writers[self.cur] = self.kernel.role
         if rc != 0:
             raise KernelFailure(f"{self.kernel.role}: {error_message(rc)} during timing")
 
     def warm_call(self) -> None:
         self.before()
         self.call()
+
+    def final_check(self, k: int, tol) -> str | None:
+        """Check this kernel's last timed output in slot k; where the other kernel of a shared
+        rotation wrote last, call this kernel on the slot once more and check that output."""
+        if self.writers[k] == self.kernel.role:
+            return self.check(k, tol)
+        self.cur = k
+        self.slots[k].refresh()
+        self.call()
+        self.ctx.sync(self.kernel.role)
+        return self.check(k, tol)
 
     def check(self, k: int, tol) -> str | None:
         slot = self.slots[k]
@@ -78,6 +104,7 @@ class Rotation:
 class Timed:
     stats: timing.Stats
     mode: str
+    sampling_s: float = 0.0  # wall seconds of the sampling loop (both sides of an A/B)
 
 
 def run_profile(ctx: Context, copy_bw: float) -> ProfileResult:
@@ -96,10 +123,22 @@ def _run_profile(ctx: Context, copy_bw: float) -> ProfileResult:
     cold = timing.ColdL2(ctx.device) if ctx.cuda else None
     monitor = Monitor(ctx.nvml)
     ratios, per_shape = [], []
+    resumed = 0
     for shape in job.shapes:
         for dtype in job.dtypes:
-            ctx.progress(f"profile {shape.label} {dtype}")
+            key = f"profile {shape.label} {dtype}"
+            done = ctx.resumed.get(key)
+            if done is not None and done.timing is not None and (done.ab is not None or ctx.baseline is None):
+                resumed += 1
+                result.timings.append(done.timing)
+                if done.ab is not None:
+                    per_shape.append(done.ab)
+                    ratios.append(stats.Ratio.from_interval(done.ab.speedup, done.ab.ci_low, done.ab.ci_high,
+                                                            seed=len(ratios)))  # fmt: skip
+                continue
+            ctx.progress(key)
             monitor.reset()
+            started = time.perf_counter()
             try:
                 cand, base = time_shape(ctx, shape, dtype, cold, monitor)
             except KernelFailure as exc:
@@ -113,6 +152,7 @@ def _run_profile(ctx: Context, copy_bw: float) -> ProfileResult:
                 shape=shape.label, dtype=dtype, median_us=st.median_us, p10_us=st.p10_us, p90_us=st.p90_us,
                 samples=st.samples, gbytes_per_s=gbs, pct_sol=100.0 * gbs / copy_bw, mode=cand.mode, rse=st.rse,
                 throttled_dropped=st.dropped, sm_clock_mhz=sm, mem_clock_mhz=mem, temperature_c=temp,
+                seconds=time.perf_counter() - started, sampling_s=cand.sampling_s,
             )  # fmt: skip
             if st.dropped:
                 timing_.flags.append(f"{st.dropped} samples dropped: the GPU reported a thermal/power slowdown")
@@ -128,16 +168,19 @@ def _run_profile(ctx: Context, copy_bw: float) -> ProfileResult:
                 timing_.flags.append(f"{100 * gbs / copy_bw:.0f}% of the measured copy bandwidth: check it again")
                 result.flags.append(f"{shape.label} {dtype}: above {100 * COPY_FLAG:.0f}% of the copy bandwidth")
             result.timings.append(timing_)
+            shape_ab = None
             if base is not None:
                 r = stats.ratio_of_medians(list(base.stats.values), list(st.values), seed=len(ratios))
                 ratios.append(r)
-                per_shape.append(
-                    ShapeAB(
-                        shape=shape.label, dtype=dtype, mode=cand.mode, baseline_us=base.stats.median_us,
-                        candidate_us=st.median_us, speedup=r.speedup, ci_low=r.low, ci_high=r.high,
-                        baseline_samples=base.stats.samples, candidate_samples=st.samples,
-                    )  # fmt: skip
-                )
+                shape_ab = ShapeAB(
+                    shape=shape.label, dtype=dtype, mode=cand.mode, baseline_us=base.stats.median_us,
+                    candidate_us=st.median_us, speedup=r.speedup, ci_low=r.low, ci_high=r.high,
+                    baseline_samples=base.stats.samples, candidate_samples=st.samples,
+                )  # fmt: skip
+                per_shape.append(shape_ab)
+            ctx.report(Partial(key=key, timing=timing_, ab=shape_ab))
+    if resumed:
+        ctx.notes.append(f"resumed: {resumed} shape(s) timed by an earlier attempt of this job were not timed again")
     if ratios:
         g, lo, hi = stats.geomean_interval(ratios)
         result.ab = ABResult(
@@ -172,7 +215,9 @@ def time_shape(
     if ctx.cuda:
         n_sets = max(2, min(PROFILE_SETS, PROFILE_SET_BUDGET // max(3 * set_bytes, 1)))
     sets = uniques(n_sets)
-    rotations = [Rotation(ctx, k, sets, cs, n_sets) for k in kernels]
+    rotations: list[Rotation] = []
+    for k in kernels:
+        rotations.append(Rotation(ctx, k, sets, cs, n_sets, share=rotations[0] if rotations else None))
     for rot in rotations:
         timing.warmup(rot.warm_call, lambda r=rot: ctx.sync(r.kernel.role))
     cap = job.time_cap_s or timing.TIME_CAP_S[job.target]
@@ -209,13 +254,15 @@ def time_shape(
         if msg:
             raise KernelFailure(f"{rot.kernel.role}: timed output re-check failed: {msg}")
 
+    sampling_start = time.perf_counter()
     results = timing.sample(measures, cap, monitor if ctx.cuda else None, after_block)
+    sampling_s = time.perf_counter() - sampling_start
     ctx.sync_device()
     for i, rot in enumerate(rotations):
         if graphs is not None:
             msg = final_graph_check(ctx, rot, graphs[i], tol)
         else:
-            msg = next((m for k in range(len(rot.slots)) if (m := rot.check(k, tol))), None)
+            msg = next((m for k in range(len(rot.slots)) if (m := rot.final_check(k, tol))), None)
         if msg:
             raise KernelFailure(f"{rot.kernel.role}: timed output re-check failed: {msg}")
     if ctx.cuda:
@@ -228,7 +275,7 @@ def time_shape(
                 f"candidate: {n} calls took {1e3 * wall_s:.2f} ms to a device-wide synchronize but "
                 f"{1e3 * events_s:.2f} ms on the stream it was given: work launched elsewhere escapes the timing"
             )
-    timed = [Timed(r, mode) for r in results]
+    timed = [Timed(r, mode, sampling_s) for r in results]
     rotations.clear()  # drop the sets before the next shape allocates its own
     sets.clear()
     graphs = None
@@ -248,7 +295,7 @@ def graph_timers(ctx: Context, kernels: list[Kernel], sets, cs: CaseSpec, set_by
     uniques = sets[:GRAPH_UNIQUE]
     timers = []
     for kernel in kernels:
-        rot = Rotation(ctx, kernel, uniques, cs, calls)
+        rot = Rotation(ctx, kernel, uniques, cs, calls, share=timers[0].rotation if timers else None)
         try:
             timer = timing.GraphTimer(rot.capture, calls, ctx.stream)
             timer.replay()

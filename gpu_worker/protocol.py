@@ -13,14 +13,15 @@ import hashlib
 import hmac
 import json
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from kopt.models import DType, KernelSpec, Shape, Target, TimingMode, Tolerance
+from kopt.models import DType, KernelSpec, Partial, Shape, Target, TimingMode, Tolerance
 
-HARNESS_VERSION = "2"  # bump when checks or timing change what a result means
+HARNESS_VERSION = "3"  # bump when checks or timing change what a result means
 PROGRESS_PREFIX = "kopt-harness: "  # the child also logs each step on stderr, for humans
 KEY_BYTES = 32
 FRAME_LIMIT = 32 << 20  # bytes of frames in all; more is garbage, not a result
@@ -50,6 +51,11 @@ class HarnessJob(BaseModel):
     memory_limit_mb: int = 8192
     sandbox: bool = True  # seccomp and rlimits; off only under compute-sanitizer
     noise_floor: float = 0.0
+    # Pieces an earlier attempt finished (authenticated partial frames it heartbeated): skipped and
+    # reported as they were.
+    resume: list[Partial] = Field(default_factory=list)
+    # The worker's calibrated copy bandwidth (GB/s), measured once per worker; None: measure it.
+    copy_bandwidth_gbs: float | None = None
 
 
 def new_key() -> bytes:
@@ -86,6 +92,8 @@ class FrameReader:
     result: str | None = None
     tampered: str | None = None  # why the channel cannot be trusted, once it cannot
     extra: list[str] = field(default_factory=list)
+    partials: list[str] = field(default_factory=list)  # bodies of "partial" frames, in order
+    on_partial: Callable[[str], None] | None = None
 
     def feed(self, data: bytes) -> None:
         self.size += len(data)
@@ -116,6 +124,10 @@ class FrameReader:
             self._tamper("a frame after the result")
         elif msg["kind"] == "progress":
             self.last_step = msg["body"]
+        elif msg["kind"] == "partial":
+            self.partials.append(msg["body"])
+            if self.on_partial is not None:
+                self.on_partial(msg["body"])
         elif msg["kind"] == "result":
             self.result = msg["body"]
         else:

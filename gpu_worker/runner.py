@@ -15,6 +15,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -25,7 +26,14 @@ from gpu_worker.device import cpu_name
 from gpu_worker.protocol import PROGRESS_PREFIX, HarnessJob, new_key
 from gpu_worker.sandbox import FSIZE_LIMIT, SIGSYS_REASON
 from gpu_worker.spawn import HEARTBEAT_S, Heartbeat, Outcome  # noqa: F401 - HEARTBEAT_S: tests tune it
-from kopt.models import ExecRequest, KernelSpec, ProfileResult, TestResult, Tolerance
+from kopt.models import (
+    ExecRequest,
+    KernelSpec,
+    Partial,
+    ProfileResult,
+    TestResult,
+    Tolerance,
+)
 
 __all__ = ["DEFAULT_TOLERANCES", "HarnessJob", "PROGRESS_PREFIX", "run_harness", "run_profile", "run_test",
            "static_check"]
@@ -37,6 +45,8 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "bfloat16": Tolerance(rtol=1.6e-2, atol=1e-3),
 }
 TAIL_BYTES = spawn.TAIL_BYTES
+OnPartial = Callable[[Partial], None]
+_COPY_BANDWIDTH: dict[str, float] = {}  # target -> GB/s, from this worker's first profile
 
 
 def tolerances_for(spec: KernelSpec) -> dict[str, Tolerance]:
@@ -54,10 +64,12 @@ def static_check(source: str | None, library: Path, target: str) -> tuple[list[s
 
 async def run_test(
     req: ExecRequest, library: Path, package_dir: Path, spec: KernelSpec, heartbeat: Heartbeat | None = None,
-    baseline: Path | None = None,
+    baseline: Path | None = None, resume: list[Partial] | None = None, on_partial: OnPartial | None = None,
 ) -> TestResult:  # fmt: skip
     """Check a compiled candidate against the package reference over req.shapes x req.dtypes (plus
-    edge shapes and input variants); `baseline`: the baseline library, for calibrated tolerances."""
+    edge shapes and input variants); `baseline`: the baseline library, for calibrated tolerances.
+    `on_partial` gets each check group that passed as it passes; `resume`: groups an earlier
+    attempt passed, not run again."""
     start = time.monotonic()
     violations, notes = static_check(req.source, library, req.target)
     if violations:
@@ -65,8 +77,8 @@ async def run_test(
             candidate_id=req.candidate_id, correct=False, reason=f"static check: {violations[0]}",
             static_violations=violations, notes=notes, device=_device(req.target), seconds=time.monotonic() - start,
         )  # fmt: skip
-    job = _job("test", req, library, package_dir, spec, baseline)
-    result: TestResult = await _run(job, req.timeout_s, heartbeat)  # type: ignore[assignment]
+    job = _job("test", req, library, package_dir, spec, baseline, resume)
+    result: TestResult = await _run(job, req.timeout_s, heartbeat, on_partial=on_partial)  # type: ignore[assignment]
     result.notes = notes + result.notes
     if result.correct and req.target == "cuda" and req.sanitize:
         ok, summary = await sanitizer.run(_job("test", req, library, package_dir, spec, None), req, heartbeat)
@@ -79,13 +91,17 @@ async def run_test(
 
 async def run_profile(
     req: ExecRequest, library: Path, package_dir: Path, spec: KernelSpec, heartbeat: Heartbeat | None = None,
-    baseline: Path | None = None,
+    baseline: Path | None = None, resume: list[Partial] | None = None, on_partial: OnPartial | None = None,
 ) -> ProfileResult:  # fmt: skip
     """Time a compiled candidate over req.shapes x req.dtypes (cold L2 or graph mode on CUDA);
-    with `baseline`, interleaved A/B against it in the same process (result.ab)."""
+    with `baseline`, interleaved A/B against it in the same process (result.ab). `on_partial`
+    gets each timed shape and dtype as it is done; `resume`: those an earlier attempt timed."""
     start = time.monotonic()
-    job = _job("profile", req, library, package_dir, spec, baseline)
-    result: ProfileResult = await _run(job, req.timeout_s, heartbeat)  # type: ignore[assignment]
+    job = _job("profile", req, library, package_dir, spec, baseline, resume)
+    job.copy_bandwidth_gbs = _COPY_BANDWIDTH.get(req.target)
+    result: ProfileResult = await _run(job, req.timeout_s, heartbeat, on_partial=on_partial)  # type: ignore[assignment]
+    if result.ok and result.copy_bandwidth_gbs and job.copy_bandwidth_gbs is None:
+        _COPY_BANDWIDTH[req.target] = result.copy_bandwidth_gbs  # calibrated once per worker process
     result.seconds = time.monotonic() - start
     return result
 
@@ -104,7 +120,7 @@ async def run_harness(
 
 def _job(
     mode: Literal["test", "profile"], req: ExecRequest, library: Path, package_dir: Path, spec: KernelSpec,
-    baseline: Path | None,
+    baseline: Path | None, resume: list[Partial] | None = None,
 ) -> HarnessJob:  # fmt: skip
     return HarnessJob(
         mode=mode, target=req.target, candidate_id=req.candidate_id, library=str(Path(library).resolve()),
@@ -113,17 +129,29 @@ def _job(
         time_cap_s=req.time_cap_s, baseline_library=str(Path(baseline).resolve()) if baseline else None,
         baseline_id=req.baseline_id, baseline_errors=req.baseline_errors, edge_shapes=req.edge_shapes,
         timing_mode=req.timing_mode, memory_limit_mb=req.memory_limit_mb, noise_floor=req.noise_floor,
+        resume=[p for p in resume or [] if p.key.startswith(mode + " ")],
     )  # fmt: skip
 
 
 async def _run(job: HarnessJob, timeout_s: float, heartbeat: Heartbeat | None,
-               prefix: list[str] | None = None) -> TestResult | ProfileResult:  # fmt: skip
+               prefix: list[str] | None = None, on_partial: OnPartial | None = None) -> TestResult | ProfileResult:  # fmt: skip
     workdir = Path(tempfile.mkdtemp(prefix=f"kopt-{job.mode}-"))
     try:
-        outcome = await spawn.spawn(job, new_key(), workdir, timeout_s, heartbeat, prefix)
+        outcome = await spawn.spawn(job, new_key(), workdir, timeout_s, heartbeat, prefix,
+                                    _partial_parser(on_partial) if on_partial else None)  # fmt: skip
         return interpret(job, outcome)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _partial_parser(on_partial: OnPartial) -> Callable[[str], None]:
+    def parse(body: str) -> None:
+        try:
+            on_partial(Partial.model_validate_json(body))
+        except ValidationError:
+            pass  # not a piece worth resuming from; the final result still reports everything
+
+    return parse
 
 
 def interpret(job: HarnessJob, out: Outcome) -> TestResult | ProfileResult:

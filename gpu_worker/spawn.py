@@ -61,11 +61,13 @@ async def spawn(
     timeout_s: float,
     heartbeat: Heartbeat | None,
     prefix: list[str] | None = None,
+    on_partial: Callable[[str], None] | None = None,
 ) -> Outcome:
     """Run one harness child (`[*prefix, python, -m, gpu_worker.harness, FD]` when a prefix is
-    given or the zygote is off) to completion or timeout."""
+    given or the zygote is off) to completion or timeout. `on_partial` gets the body of each
+    authenticated partial frame (a finished piece of the job) as it arrives."""
     log_path = workdir / f"{job.mode}.log"
-    frames = FrameReader(key=key)
+    frames = FrameReader(key=key, on_partial=on_partial)
     loop = asyncio.get_running_loop()
     r, w = os.pipe()
     transport = child = read_task = wait_task = None

@@ -26,6 +26,12 @@ from gpu_worker.nvml import Monitor
 MIN_SAMPLES = 20
 MAX_SAMPLES = 5000
 RSE_TARGET = 0.005  # relative standard error of the mean
+# A/B runs aim at the ratio, not each side: a 95% interval of about +-(1.96 * sqrt(2) * RSE) must sit
+# inside the +-1% noise floor, so each side samples to a tighter RSE, and to more samples (the
+# interval is a bootstrap of medians, which needs a dense middle of the distribution).
+AB_MIN_SAMPLES = 200
+AB_MIN_SAMPLES_S = 0.25  # ... but no more of them than fit in this many seconds per side (large shapes
+AB_RSE_TARGET = 0.0015  # are tight after a few dozen samples, and each costs a refresh of its inputs)
 TIME_CAP_S = {"cpu": 2.0, "cuda": 1.5}  # per shape and dtype and kernel, sampling only
 WARMUP_S = 0.025
 WARMUP_CALLS = 10
@@ -96,9 +102,8 @@ class _Running:
         n = len(self.xs)
         return math.sqrt(self.m2 / (n - 1) / n) / self.mean if n > 1 and self.mean > 0 else math.inf
 
-    @property
-    def done(self) -> bool:
-        return len(self.xs) >= MAX_SAMPLES or (len(self.xs) >= MIN_SAMPLES and self.rse < RSE_TARGET)
+    def done(self, min_samples: int, rse_target: float) -> bool:
+        return len(self.xs) >= MAX_SAMPLES or (len(self.xs) >= min_samples and self.rse < rse_target)
 
 
 def sample(
@@ -108,18 +113,25 @@ def sample(
     after_block: Callable[[int], None] | None = None,
 ) -> list[Stats]:
     """Sample every measurer in alternating blocks (A B B A ...) until each one's relative standard
-    error is below RSE_TARGET (after MIN_SAMPLES) or MAX_SAMPLES, or the time cap passes (after at
-    least 3 samples each, so a slow kernel still ends). Throttled blocks are dropped and counted;
-    when every block of a side was throttled for 3 caps, its throttled samples are kept instead."""
+    error is below RSE_TARGET (after MIN_SAMPLES; AB_* when there are two sides, whose minimum count
+    shrinks to what fits in AB_MIN_SAMPLES_S when samples are expensive) or MAX_SAMPLES, or
+    the time cap passes (after at least 3 samples each, so a slow kernel still ends). Throttled
+    blocks are dropped and counted; when every block of a side was throttled for 3 caps, its
+    throttled samples are kept instead."""
+    ab = len(measures) > 1
+    min_samples, rse_target = (AB_MIN_SAMPLES, AB_RSE_TARGET) if ab else (MIN_SAMPLES, RSE_TARGET)
     sides = [_Running() for _ in measures]
     kept_throttled = [_Running() for _ in measures]
     start = time.perf_counter()
     block = 0
     while True:
+        if ab and block == 1:  # one block per side timed: what a sample costs, refresh and flush included
+            per_sample = (time.perf_counter() - start) / max(sum(len(s.xs) + s.dropped for s in sides), 1)
+            min_samples = max(MIN_SAMPLES, min(AB_MIN_SAMPLES, int(AB_MIN_SAMPLES_S / per_sample)))
         order = range(len(measures)) if block % 2 == 0 else reversed(range(len(measures)))
         for i in order:
-            if sides[i].done:
-                continue
+            if len(sides[i].xs) >= MAX_SAMPLES or (len(sides) == 1 and sides[i].done(min_samples, rse_target)):
+                continue  # A/B sides keep alternating until both are done: no side runs alone
             before = monitor.begin() if monitor else None
             batch = measures[i](min(BATCH, MAX_SAMPLES - len(sides[i].xs)))
             if monitor is None or monitor.clean(before):
@@ -130,7 +142,7 @@ def sample(
             if after_block is not None:
                 after_block(i)
         block += 1
-        if all(s.done for s in sides):
+        if all(s.done(min_samples, rse_target) for s in sides):
             break
         elapsed = time.perf_counter() - start
         if elapsed >= time_cap_s and all(len(s.xs) >= 3 for s in sides):

@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     opt.add_argument("--candidates", type=int, default=1, help="candidates per round, evaluated in parallel")
     opt.add_argument("--single-agent", action="store_true", help="one combined agent instead of the team")
     opt.add_argument("--patience", type=int, default=None, help="stop after K rounds without improvement")
+    opt.add_argument("--min-gain", type=float, default=None,
+                     help="a new best must beat the best's geomean by this fraction, and its A/B interval must "
+                          "clear 1 (default 0.02)")  # fmt: skip
     opt.add_argument("--max-cost", type=float, default=None, help="stop at this LLM cost (USD)")
     opt.add_argument("--max-tokens", type=int, default=None, help="stop at this many LLM tokens")
     opt.add_argument("--max-gpu-seconds", type=float, default=None, help="stop at this much device time")

@@ -147,15 +147,32 @@ class RoundRecord(BaseModel):
     accepted: bool = False  # became the new best
 
 
+class HistoryDigest(BaseModel):
+    """The records older than a plan request's `history` window, in bounded space (kopt.plan_history).
+
+    Enough for a planner never to repeat a configuration and to see what worked and what failed;
+    each record is in full in the workflow history of its own round.
+    """
+
+    records: int = 0  # candidates summarized (rounds x candidates per round)
+    last_round: int = 0  # rounds 1..last_round are summarized here
+    # Every configuration tried (kopt.plan_history.config_key) -> outcome of its latest try, e.g.
+    # "1.013x", "1.013x best", "compile error"; oldest first. One entry per distinct configuration.
+    tried: dict[str, str] = Field(default_factory=dict)
+    failures: dict[str, int] = Field(default_factory=dict)  # the most frequent failure reasons -> count
+    top: list[str] = Field(default_factory=list)  # the fastest few, one line each
+
+
 class PlanRequest(BaseModel):
     package: PackageRef
     target: Target
     round: int
     best: Candidate
     best_speedup: float
-    history: list[RoundRecord]
+    history: list[RoundRecord]  # the most recent records in full (all of them in runs before the digest)
     provider: str = "offline"
     seed: int = 0
+    earlier: HistoryDigest | None = None  # everything older than `history`, compacted
 
 
 class Plan(BaseModel):
@@ -286,6 +303,8 @@ class ShapeTiming(BaseModel):
     mem_clock_mhz: float | None = None
     temperature_c: float | None = None
     flags: list[str] = Field(default_factory=list)  # e.g. above 105% of the copy bandwidth
+    seconds: float | None = None  # wall time spent on this shape and dtype (inputs, checks, sampling)
+    sampling_s: float | None = None  # of which the sampling loop (both sides of an A/B)
 
 
 class ShapeAB(BaseModel):
@@ -312,6 +331,24 @@ class ABResult(BaseModel):
     confidence: float = 0.95
     noise_floor: float = 0.0
     verdict: Literal["faster", "slower", "same"] = "same"
+
+
+class Partial(BaseModel):
+    """One finished piece of a test or profile job (a check group, or a timed shape and dtype),
+    reported by the harness as it completes. Heartbeated by the activity, so that a retry after a
+    lost worker resumes after the pieces already done instead of paying for them again."""
+
+    key: str  # "test <check key>" or "profile <shape> <dtype>"
+    check: ShapeCheck | None = None
+    timing: ShapeTiming | None = None
+    ab: ShapeAB | None = None
+
+
+class ExecProgress(BaseModel):
+    """Heartbeat details of the test and profile activities."""
+
+    step: str = ""
+    partials: list[Partial] = Field(default_factory=list)
 
 
 class ProfileResult(BaseModel):

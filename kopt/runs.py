@@ -10,7 +10,11 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import structlog
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+)
 from temporalio.service import RPCError
 
 from kopt import build, queues
@@ -18,9 +22,9 @@ from kopt.artifacts import ArtifactStore
 from kopt.candidates import candidate_id
 from kopt.errors import RunFailed, UsageError
 from kopt.models import Candidate, PackageRef
-from kopt.run_models import OptimizeRequest, OptimizeResult, Progress
 from kopt.package import PackageError, load_spec, read_tunables
 from kopt.report import build_report, write_report
+from kopt.run_models import OptimizeRequest, OptimizeResult, Progress
 from kopt.settings import Settings
 from workflows.optimize import BEST_KEY, KERNEL_KEY, ROUND_KEY, TARGET_KEY
 
@@ -79,6 +83,9 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    min_gain = getattr(args, "min_gain", None)
+    if min_gain is not None and not 0 <= min_gain < 1:
+        raise UsageError(f"--min-gain must be in [0, 1), got {min_gain}")
     llm = None
     if req.provider == "openai":
         try:
@@ -96,7 +103,8 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
                       max_wall_time_s=args.max_wall_time)
     return req.model_copy(update={"approve": args.approve, "continue_every": args.continue_every, "llm": llm,
                                   "candidates_per_round": args.candidates, "single_agent": args.single_agent,
-                                  "patience": args.patience, "budgets": budgets})
+                                  "patience": args.patience, "budgets": budgets,
+                                  "min_gain": req.min_gain if min_gain is None else min_gain})
 
 
 def workflow_id(req: OptimizeRequest) -> str:

@@ -1,6 +1,8 @@
 """A local kopt cluster of real processes: the dev server on a SQLite file and one worker per role.
 
 Used by the fault-injection tests to SIGKILL any part, as a crash would, and start it again.
+WORKER_ARGS is the CPU cluster; a CUDA cluster passes its own (a cuda build toolchain, an exec
+worker on a GPU queue).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ WORKER_ARGS = {
 
 
 class Cluster:
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, worker_args: dict[str, list[str]] | None = None):
         self.home = home
+        self.worker_args = worker_args or WORKER_ARGS  # `kopt worker` arguments by role
         self.port = free_port()
         self.db = home / "temporal.db"
         self.server: DevServer | None = None
@@ -51,13 +54,13 @@ class Cluster:
     def start_worker(self, role: str) -> None:
         log = open(self.logs / f"{role}.log", "ab")
         self.workers[role] = subprocess.Popen(
-            [sys.executable, "-m", "kopt.cli", "worker", *WORKER_ARGS[role]], cwd=REPO, env=self.env(),
+            [sys.executable, "-m", "kopt.cli", "worker", *self.worker_args[role]], cwd=REPO, env=self.env(),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 
     def start(self) -> None:
         self.start_server()
-        for role in WORKER_ARGS:
+        for role in self.worker_args:
             self.start_worker(role)
 
     def kill(self, name: str) -> None:
@@ -84,10 +87,16 @@ class Cluster:
         if self.server:
             self.server.stop()
 
-    def wait_ready(self, timeout: float = 30) -> None:
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Until every worker has connected and says so in its log; a worker that exits fails fast."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if all(p.poll() is None for p in self.workers.values()):
+            for role, proc in self.workers.items():
+                if proc.poll() is not None:
+                    tail = (self.logs / f"{role}.log").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"the {role} worker exited with code {proc.returncode} at start:\n{tail}")
+            if all("worker_started" in (self.logs / f"{role}.log").read_text(errors="replace")
+                   for role in self.workers):
                 return
             time.sleep(0.2)
-        raise RuntimeError("a worker died at start; see logs in " + str(self.logs))
+        raise RuntimeError(f"workers not started after {timeout:.0f} s; see logs in {self.logs}")

@@ -55,6 +55,7 @@ def test_bad_input_fails_fast_with_one_line(tmp_path):
     _assert_usage_error(kopt(["optimize", str(SILU), "--target", "cuda", "--gpu-class", "h900", *common], home),
                         "unknown GPU class 'h900'")
     _assert_usage_error(kopt(["optimize", str(SILU), "--provider", "magic", *common], home), "unknown provider")
+    _assert_usage_error(kopt(["optimize", str(SILU), "--min-gain", "1.5", *common], home), "--min-gain", "[0, 1)")
     bad = tmp_path / "bad"
     shutil.copytree(SILU, bad)
     (bad / "kernel.toml").write_text((bad / "kernel.toml").read_text().replace('targets = ["cpu", "cuda"]',

@@ -59,6 +59,7 @@ from kopt.models import (
     ShapeTiming,
 )
 from kopt.package import load_spec, read_tunables
+from kopt.plan_history import compact_history
 from tests.conftest import REPO
 from tests.fake_openai import Delay, FakeOpenAI, Reply, Status
 
@@ -199,6 +200,25 @@ def test_plan_uses_history_and_diagnosis(pkg, best):
     assert "max_abs_err 0.5" in prompt and "launch-bound at T=512" in prompt and "1.070x" in prompt
     assert "--ptxas-options=-dlcm=cg" in prompt  # the playbook is offered as hints
     assert calls[0].role == "planner" and calls[0].output["tunables"] == {"THREADS": 512}
+
+
+def test_plan_prompt_shows_older_rounds_in_brief(pkg, best):
+    """A long run's prompt: the digest of older rounds (bounded) before the recent records in full."""
+    records = [RoundRecord(round=r, candidate_id=f"c{r}", description=f"unroll by {r}", tunables={"THREADS": r},
+                           flags=best.flags, compiled=r % 3 != 0, correct=r % 3 != 0,
+                           speedup_geomean=1 + r / 1000 if r % 3 else None,
+                           failure=None if r % 3 else "compile error: kernel.cu:7: error: bad unroll")
+               for r in range(1, 301)]
+    recent, earlier = compact_history(records)
+    with FakeOpenAI([Reply.json({"description": "d", "rationale": "r"})]) as srv:
+        run(roles.plan(plan_request(pkg, best, srv, recent, earlier=earlier)))
+    prompt = srv.requests[0].text
+    assert "failed 93x: compile error: kernel.cu:7: error: bad unroll" in prompt
+    assert "fastest: round 280: unroll by 280" in prompt  # the fastest older result, with its description
+    assert f"tried THREADS=280|{' '.join(sorted(best.flags))}: 1.280x" in prompt
+    assert prompt.count("- tried ") == roles.EARLIER_CONFIGS  # the most recent ones; the count of the rest
+    assert f"{280 - roles.EARLIER_CONFIGS} older configurations not shown" in prompt
+    assert "round 300: unroll by 300" in prompt and "round 220:" not in prompt.split("in full")[1]
 
 
 def test_plan_keeps_best_flags_when_null_and_can_say_exhausted(pkg, best):

@@ -7,6 +7,7 @@ from kopt.artifacts import ArtifactStore
 from kopt.candidates import candidate_id
 from kopt.models import Candidate, CodeRequest, PackageRef, PlanRequest, RoundRecord
 from kopt.package import load_spec, read_tunables
+from kopt.plan_history import FAILURE_REASONS, PLAN_WINDOW, compact_history, config_key
 from tests.conftest import REPO
 
 SILU = REPO / "kernels" / "silu_and_mul"
@@ -84,3 +85,49 @@ def test_planner_never_proposes_the_baseline_again(tmp_path):
         history.append(RoundRecord(round=rnd, candidate_id=str(rnd), description=plan.description,
                                    tunables=plan.tunables, flags=plan.flags, compiled=True, correct=True))
     assert plan.exhausted
+
+
+def test_planner_never_repeats_with_a_compact_history(tmp_path):
+    """As the workflow sends it: the last few records in full, every older one only in the digest."""
+    pkg, best = _setup(tmp_path)
+    records: list[RoundRecord] = []
+    seen = {config_key(best.tunables, best.flags)}
+    for rnd in range(1, 200):
+        recent, earlier = compact_history(records, window=3)
+        assert len(recent) == min(len(records), 3)
+        req = PlanRequest(package=pkg, target="cuda", round=rnd, best=best, best_speedup=1.0, history=recent,
+                          earlier=earlier)
+        plan = offline.plan(req)
+        if plan.exhausted:
+            break
+        key = config_key(plan.tunables, plan.flags)
+        assert key not in seen
+        seen.add(key)
+        records.append(RoundRecord(round=rnd, candidate_id=str(rnd), description=plan.description,
+                                   tunables=plan.tunables, flags=plan.flags, compiled=True, correct=True,
+                                   speedup_geomean=1.0))
+    spec = pkg.spec
+    n_moves = sum(len(t.values) - 1 for t in spec.tunables_for("cuda")) + len(offline.PLAYBOOK["cuda"])
+    assert plan.exhausted and len(records) == n_moves
+    # Without the digest the planner would repeat an old configuration: the digest is what prevents it.
+    stripped = offline.plan(PlanRequest(package=pkg, target="cuda", round=len(records) + 1, best=best,
+                                        best_speedup=1.0, history=records[-3:]))
+    assert not stripped.exhausted and config_key(stripped.tunables, stripped.flags) in earlier.tried
+
+
+def test_digest_is_bounded_by_distinct_configurations():
+    def record(rnd, knob, **kw):
+        return RoundRecord(round=rnd, candidate_id=f"c{rnd}", description=f"KNOB -> {knob}", tunables={"KNOB": knob},
+                           flags=["-O3", "-march=native"], compiled=True, correct=True, **kw)
+
+    records = [record(1, 1, speedup_geomean=1.2, accepted=True)]
+    records += [record(r, 2 + r % 3, failure=f"compile error: kernel.cpp:{r % 20}: error: boom") for r in range(2, 501)]
+    recent, earlier = compact_history(records, window=PLAN_WINDOW)
+    assert [r.round for r in recent] == list(range(501 - PLAN_WINDOW, 501))
+    assert earlier.records == earlier.last_round == 500 - PLAN_WINDOW
+    assert earlier.tried == {"KNOB=1|-O3 -march=native": "1.200x best", "KNOB=3|-O3 -march=native": "compile error",
+                             "KNOB=4|-O3 -march=native": "compile error", "KNOB=2|-O3 -march=native": "compile error"}
+    assert len(earlier.failures) == FAILURE_REASONS + 1 and sum(earlier.failures.values()) == earlier.records - 1
+    assert earlier.top == ["round 1: KNOB -> 1 | KNOB=1|-O3 -march=native | 1.200x best"]
+    assert config_key({"B": 2, "A": 1}, ["-b", "-a"]) == config_key({"A": 1, "B": 2}, ["-a", "-b"]) == "A=1,B=2|-a -b"
+    assert compact_history(records[:PLAN_WINDOW]) == (records[:PLAN_WINDOW], None)

@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         ShapeSpeedup,
         TestResult,
     )
+    from kopt.plan_history import compact_history
     from kopt.run_models import (
         Approval,
         BestSummary,
@@ -64,6 +65,9 @@ AGENT_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(minutes
 BUILD_RETRY = RetryPolicy(maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
 EXEC_RETRY = RetryPolicy(maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
 MAX_EVENTS = 200
+# Plan requests carry the last records in full and a digest of the older ones (kopt.plan_history);
+# histories recorded before this change replay the old path, which sent every record.
+COMPACT_HISTORY_PATCH = "compact-plan-history"
 
 KERNEL_KEY = SearchAttributeKey.for_keyword("KoptKernel")
 TARGET_KEY = SearchAttributeKey.for_keyword("KoptTarget")
@@ -316,9 +320,13 @@ class OptimizeKernel:
 
     async def _propose(self, req: OptimizeRequest, state: RunState, rnd: int, history: list[RoundRecord],
                        diagnosis: Diagnosis | None) -> tuple[Plan, CodeResult] | None:
+        recent, earlier = history, None
+        if workflow.patched(COMPACT_HISTORY_PATCH):
+            recent, earlier = compact_history(history)
         plan_req = AgentPlanRequest(package=req.package, target=req.target, round=rnd, best=state.best,
-                                    best_speedup=state.best_summary.speedup_geomean, history=history,
-                                    provider=req.provider, seed=req.seed, llm=req.llm, diagnosis=diagnosis)
+                                    best_speedup=state.best_summary.speedup_geomean, history=recent,
+                                    earlier=earlier, provider=req.provider, seed=req.seed, llm=req.llm,
+                                    diagnosis=diagnosis)
         if req.single_agent:
             self._progress.phase = "single_agent"
             both: SingleAgentOutput = await self._agent(

@@ -15,14 +15,15 @@ EPS = 1e-6  # hard-coded in the kernels too (RMS_EPS)
 
 
 def make_inputs(dims: dict[str, int], dtype: torch.dtype, seed: int, device: str) -> dict[str, torch.Tensor]:
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    # Drawn on the target device: 10^9 normals take seconds on a CPU, milliseconds on a GPU.
+    gen = torch.Generator(device=device).manual_seed(seed)
     t, h = dims["T"], dims["H"]
     # Hidden states of a real model: per-token scales vary over orders of magnitude, so rows
     # with small and large RMS both occur; the residual stream is larger than the new input.
-    row_scale = torch.exp(torch.randn((t, 1), generator=gen) * 1.5)
-    x = torch.randn((t, h), generator=gen) * row_scale
-    r = torch.randn((t, h), generator=gen) * row_scale * 4.0
-    w = 1.0 + 0.5 * torch.randn(h, generator=gen)  # learned gains around 1, a few negative
+    row_scale = torch.exp(torch.randn((t, 1), generator=gen, device=device) * 1.5)
+    x = torch.randn((t, h), generator=gen, device=device) * row_scale
+    r = torch.randn((t, h), generator=gen, device=device) * row_scale * 4.0
+    w = 1.0 + 0.5 * torch.randn(h, generator=gen, device=device)  # learned gains around 1, a few negative
     return {name: v.to(dtype=dtype, device=device) for name, v in (("input", x), ("residual", r), ("weight", w))}
 
 
