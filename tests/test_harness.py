@@ -319,3 +319,18 @@ def test_local_gpus_without_nvidia_smi(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert device.local_gpus() == []
     assert device.cpu_name()
+
+
+def test_sanitizer_covers_one_shape_per_class():
+    """Every declared test shape, plus the smallest bench shape above them all (size-dispatched
+    paths such as cache hints above the L2 size), one trial each, without the baseline."""
+    from gpu_worker import sanitizer
+
+    spec = load_spec(SILU)
+    req = ExecRequest(package=PackageRef(spec=spec, files=NO_ARTIFACT, baseline_sources={}), target="cuda",
+                      candidate_id="c", library=NO_ARTIFACT, shapes=spec.shapes["cuda"].test, dtypes=["bfloat16"])  # fmt: skip
+    job = runner._job("test", req, SILU / "kernel.cu", SILU, spec, SILU / "kernel.cu")
+    sj = sanitizer.sanitizer_job(job)
+    labels = [s.label for s in sj.shapes]
+    assert labels == [s.label for s in spec.shapes["cuda"].test] + ["T=4096,D=14336"], labels
+    assert (sj.trials, sj.baseline_library, sj.sandbox) == (1, None, False)
