@@ -20,6 +20,9 @@ but not kopt's dependencies.
   /tmp/kv/bin/python bench/tune_sweep.py --cpu-check    # here: the checking logic, CPU baselines
   python3 bench/tune_sweep.py --set final               # on the GPU machine (sweep1, sweep2: the
                                                         # two measured runs, on the sources of their day)
+  python3 bench/tune_sweep.py --set rmsnorm3 --kernels fused_add_rmsnorm   # GPU: rmsnorm's new paths
+  compute-sanitizer --tool racecheck python3 bench/tune_sweep.py --set rmsnorm3 --kernels fused_add_rmsnorm \
+      --check-only --only c3_t256,c4_t128_cl2               # GPU: correctness only, under a sanitizer
 """
 
 from __future__ import annotations
@@ -221,7 +224,53 @@ def final() -> dict[str, list[dict]]:
     return {"silu_and_mul": silu, "fused_add_rmsnorm": rms, "merge_attn_states_lse": merge}
 
 
-SETS = {"sweep1": sweep1, "sweep2": sweep2, "final": final}
+def rmsnorm3() -> dict[str, list[dict]]:
+    """fused_add_rmsnorm only (issue 5, not yet measured): the new paths of kernel.cu against the
+    default and the current best (CACHE_ROW 2, 256 threads). CACHE_ROW 4 = mode 2 on the new kernel
+    (16-byte weight loads; mode 2's compile to byte loads); CACHE_ROW 3 = persistent, the next row's
+    loads in flight across this row's barrier (PIPE_DEPTH 2), weight loaded once, optional L2 bulk
+    prefetch (PIPE_PREFETCH) and k rows per block (PIPE_ROWS); CLUSTER 2 / 4 = the row split over a
+    thread block cluster (CLUSTER_XCHG 1: st.async + mbarrier, 0: cluster barrier + DSMEM loads).
+    MIN_BLOCKS 4 (8 at 128 threads) keeps 4 blocks of 256 per SM (<= 64 registers) where ptxas
+    would take a few more. The names say: c<CACHE_ROW>_t<THREADS>[_cl<CLUSTER>][_x0][_d1]
+    [_pf<PIPE_PREFETCH>][_r<PIPE_ROWS>][_w2][_mb<MIN_BLOCKS>]."""
+    rms = [V("default", both=True), V("c2_t256", both=True, CACHE_ROW=2), V("c2_t512", CACHE_ROW=2, THREADS=512),
+           V("c2_t256_mb4", CACHE_ROW=2, MIN_BLOCKS=4)]
+    # Mode 4: mode 2 with vector weight loads; with clusters.
+    rms += [V("c4_t256", both=True, CACHE_ROW=4), V("c4_t256_mb4", CACHE_ROW=4, MIN_BLOCKS=4),
+            V("c4_t512", CACHE_ROW=4, THREADS=512), V("c4_t128", CACHE_ROW=4, THREADS=128),
+            V("c4_t256_h31", CACHE_ROW=4, SMALL_LOAD_HINT=3, SMALL_STORE_HINT=1),
+            V("c4_t256_cl2", CACHE_ROW=4, CLUSTER=2), V("c4_t256_cl2_x0", CACHE_ROW=4, CLUSTER=2, CLUSTER_XCHG=0),
+            V("c4_t128_cl2", CACHE_ROW=4, THREADS=128, CLUSTER=2),
+            V("c4_t128_cl2_mb8", CACHE_ROW=4, THREADS=128, CLUSTER=2, MIN_BLOCKS=8),
+            V("c4_t256_cl4", CACHE_ROW=4, CLUSTER=4), V("c4_t128_cl4", CACHE_ROW=4, THREADS=128, CLUSTER=4),
+            V("c4_t128_cl4_x0", CACHE_ROW=4, THREADS=128, CLUSTER=4, CLUSTER_XCHG=0),
+            V("c4_t512_cl2", CACHE_ROW=4, THREADS=512, CLUSTER=2)]
+    # Mode 3: persistent (one wave), two rows in registers (PIPE_DEPTH 2) unless _d1.
+    rms += [V("c3_t256", both=True, CACHE_ROW=3), V("c3_t512", CACHE_ROW=3, THREADS=512),
+            V("c3_t1024", CACHE_ROW=3, THREADS=1024), V("c3_t256_w2", CACHE_ROW=3, PIPE_WEIGHT=2),
+            V("c3_t256_pf2", CACHE_ROW=3, PIPE_PREFETCH=2), V("c3_t256_pf4", CACHE_ROW=3, PIPE_PREFETCH=4),
+            V("c3_t512_pf2", CACHE_ROW=3, THREADS=512, PIPE_PREFETCH=2),
+            V("c3_t256_d1_mb4", CACHE_ROW=3, PIPE_DEPTH=1, MIN_BLOCKS=4),
+            V("c3_t256_d1_pf1_mb4", CACHE_ROW=3, PIPE_DEPTH=1, PIPE_PREFETCH=1, MIN_BLOCKS=4),
+            V("c3_t256_d1_pf2_mb4", CACHE_ROW=3, PIPE_DEPTH=1, PIPE_PREFETCH=2, MIN_BLOCKS=4),
+            V("c3_t256_d1_pf4_mb4", CACHE_ROW=3, PIPE_DEPTH=1, PIPE_PREFETCH=4, MIN_BLOCKS=4),
+            V("c3_t256_r4", CACHE_ROW=3, PIPE_ROWS=4), V("c3_t256_r8", CACHE_ROW=3, PIPE_ROWS=8),
+            V("c3_t512_r4", CACHE_ROW=3, THREADS=512, PIPE_ROWS=4),
+            V("c3_t256_d1_r4_mb4", CACHE_ROW=3, PIPE_DEPTH=1, PIPE_ROWS=4, MIN_BLOCKS=4),
+            V("c3_t256_cl2", CACHE_ROW=3, CLUSTER=2), V("c3_t256_cl2_x0", CACHE_ROW=3, CLUSTER=2, CLUSTER_XCHG=0),
+            V("c3_t128_cl2", CACHE_ROW=3, THREADS=128, CLUSTER=2),
+            V("c3_t256_cl2_pf2", CACHE_ROW=3, CLUSTER=2, PIPE_PREFETCH=2),
+            V("c3_t128_cl4", CACHE_ROW=3, THREADS=128, CLUSTER=4),
+            V("c3_t512_cl2", CACHE_ROW=3, THREADS=512, CLUSTER=2)]
+    rms.append(V("c4_t256_cl2_mb6", CACHE_ROW=4, CLUSTER=2, MIN_BLOCKS=6))
+    # The two controls again at the end (an unused -D makes a separate build): drift within the run.
+    rms += [V("c2_t256_again", ["-DKOPT_SWEEP_AGAIN=1"], CACHE_ROW=2),
+            V("c4_t256_again", ["-DKOPT_SWEEP_AGAIN=1"], CACHE_ROW=4)]
+    return {"fused_add_rmsnorm": rms}
+
+
+SETS = {"sweep1": sweep1, "sweep2": sweep2, "final": final, "rmsnorm3": rmsnorm3}
 
 
 # ----------------------------------------------------------------------------- building
@@ -625,12 +674,20 @@ def main() -> int:
     ap.add_argument("--deadline-s", type=float, default=440.0, help="stop timing new variants after this")
     ap.add_argument("--compile-deadline-s", type=float, default=150.0, help="no torch.compile after this")
     ap.add_argument("--no-compile-ref", action="store_true", help="skip torch.compile")
+    ap.add_argument("--only", default="", help="comma-separated variant names: run just these of the set")
+    ap.add_argument("--check-only", action="store_true",
+                    help="GPU: build and run the correctness cases only, no timing (e.g. under compute-sanitizer)")
     args = ap.parse_args()
     t_start = time.monotonic()
     kernels = [k for k in args.kernels.split(",") if k]
     variants = {k: v for k, v in SETS[args.set]().items() if k in kernels}
+    if not (args.cpu_check or args.compile_all):  # a set may cover only some kernels (rmsnorm3)
+        kernels = [k for k in kernels if k in variants]
     if args.limit:
         variants = {k: v[: args.limit] for k, v in variants.items()}
+    if args.only:
+        only = set(args.only.split(","))
+        variants = {k: [v for v in vs if v["name"] in only] for k, vs in variants.items()}
     if args.cpu_check:
         return cpu_check(kernels)
     if args.compile_all:  # every combination of the declared CUDA tunables (kernel.toml), compile only
@@ -658,6 +715,24 @@ def main() -> int:
         return 1 if bad or warned else 0
 
     import torch
+
+    if args.check_only:  # correctness cases only, one variant after another (sanitizer runs)
+        bad = 0
+        stream = torch.cuda.current_stream().cuda_stream
+        for kernel in kernels:
+            pkg = package(kernel)
+            cases = Cases(torch, kernel, load_reference(kernel), test_specs(kernel, pkg["shapes"]["cuda"]["test"]))
+            for v in variants[kernel]:
+                b = futures[(kernel, v["name"])].result()
+                if not b["ok"]:
+                    print(f"{kernel} {v['name']}: BUILD FAILED", flush=True)
+                    bad += 1
+                    continue
+                fail, errs = run_cases(torch, kernel, Abi(b["lib"], ENTRY[kernel], torch), cases, pkg["tolerances"], stream)
+                bad += fail is not None
+                print(f"{kernel:22s} {v['name']:26s} {'OK' if fail is None else 'FAIL ' + fail}  {len(errs)} cases, "
+                      f"max err {max(errs.values(), default=0):.3g}  regs={b['max_regs']}", flush=True)
+        return 1 if bad else 0
 
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.cuda.get_device_properties(0)

@@ -1,7 +1,8 @@
 """compute-sanitizer memcheck (and racecheck for kernels with shared memory) on a CUDA candidate.
 
 Runs the harness test mode once more under `compute-sanitizer --tool memcheck`, in a separate
-child, once per shape class (MEASUREMENT.md, correctness 5): every declared test shape (each stands
+child, once per shape class (MEASUREMENT.md, correctness 5; racecheck over the declared test shapes
+only, see sanitizer_job): every declared test shape (each stands
 for a class: tiny, odd-sized, mid, serving-size) with its variants (edge shapes, scales, the
 padded-row layout), plus the smallest bench shape larger than all of them, since kernels may
 dispatch on size (cache hints above the L2 size, say); one trial each, no baseline. Findings fail
@@ -45,11 +46,13 @@ def class_shapes(job: HarnessJob) -> list[Shape]:
     return [*job.shapes, *above[:1]]
 
 
-def sanitizer_job(job: HarnessJob) -> HarnessJob:
-    """The sanitizer's job: one shape per class (with variants), one trial, no baseline, no sandbox."""
+def sanitizer_job(job: HarnessJob, tool: str = "memcheck") -> HarnessJob:
+    """The sanitizer's job: one shape per class (with variants), one trial, no baseline, no sandbox.
+    racecheck tracks every shared-memory access (minutes on a serving-size shape) and shared-memory
+    races do not depend on the size class: it gets the declared test shapes only."""
+    shapes = class_shapes(job) if tool == "memcheck" else list(job.shapes)
     return job.model_copy(update={
-        "shapes": class_shapes(job), "trials": 1, "edge_shapes": True, "baseline_library": None, "sandbox": False,
-        "resume": [],
+        "shapes": shapes, "trials": 1, "edge_shapes": True, "baseline_library": None, "sandbox": False, "resume": [],
     })  # fmt: skip
 
 
@@ -78,7 +81,7 @@ async def run(job: HarnessJob, req: ExecRequest, heartbeat) -> tuple[bool | None
             # API errors are not counted: torch's own feature probes return some on purpose.
             prefix = [tool, "--tool", name, "--report-api-errors", "no", "--error-exitcode", str(ERROR_EXIT),
                       "--print-limit", str(PRINT_LIMIT), "--log-file", str(log_file)]  # fmt: skip
-            out = await spawn.spawn(sanitizer_job(job), new_key(), workdir, req.timeout_s, heartbeat, prefix)
+            out = await spawn.spawn(sanitizer_job(job, name), new_key(), workdir, req.timeout_s, heartbeat, prefix)
             log = log_file.read_text(errors="replace") if log_file.is_file() else ""
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -90,6 +93,5 @@ async def run(job: HarnessJob, req: ExecRequest, heartbeat) -> tuple[bool | None
         if out.timed_out or count is None:
             summaries.append(f"{name}: did not complete ({'timed out' if out.timed_out else 'no summary'})")
         else:
-            summaries.append(f"{name}: clean")
-    where = f" ({len(sanitizer_job(job).shapes)} shape classes)"
-    return True if all(s.endswith("clean") for s in summaries) else None, "compute-sanitizer " + ", ".join(summaries) + where
+            summaries.append(f"{name}: clean ({len(sanitizer_job(job, name).shapes)} shape classes)")
+    return True if all(": clean" in s for s in summaries) else None, "compute-sanitizer " + ", ".join(summaries)

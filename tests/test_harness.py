@@ -334,3 +334,4 @@ def test_sanitizer_covers_one_shape_per_class():
     labels = [s.label for s in sj.shapes]
     assert labels == [s.label for s in spec.shapes["cuda"].test] + ["T=4096,D=14336"], labels
     assert (sj.trials, sj.baseline_library, sj.sandbox) == (1, None, False)
+    assert [s.label for s in sanitizer.sanitizer_job(job, "racecheck").shapes] == labels[:-1]
