@@ -592,6 +592,23 @@ static unsigned grid_for(K kernel, int64_t tiles, size_t smem) {
   return (unsigned)(tiles < cap ? tiles : cap);
 }
 
+// A launch of `grid` CTAs of THREADS threads in clusters of `cl` along x; `attr` must outlive it.
+static cudaLaunchConfig_t cluster_launch_config(cudaLaunchAttribute *attr, int cl, unsigned grid, size_t smem,
+                                                cudaStream_t stream) {
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cl;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(THREADS);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 // Clusters of CL CTAs of `kernel` (THREADS threads, smem bytes each) resident on the whole GPU at
 // once; 0 if the runtime cannot say (its error is cleared: the launch decides).
 template <int CL, typename K>
@@ -601,16 +618,7 @@ static int64_t resident_clusters(K kernel, size_t smem) {
     count = resident_blocks(kernel, THREADS, smem);
   } else {
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = CL;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(CL);
-    cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    const cudaLaunchConfig_t cfg = cluster_launch_config(attr, CL, CL, smem, nullptr);
     int c = 0;
     if (cudaOccupancyMaxActiveClusters(&c, reinterpret_cast<const void *>(kernel), &cfg) == cudaSuccess) count = c;
   }
@@ -677,17 +685,7 @@ static int launch_rows_split(T *x, int64_t xs, T *r, int64_t rs, const T *w, int
       status = cudaGetLastError() == cudaSuccess ? KOPT_OK : KOPT_ERR_LAUNCH;
     } else {
       cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = CL;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(grid);
-      cfg.blockDim = dim3(THREADS);
-      cfg.dynamicSmemBytes = smem;
-      cfg.stream = stream;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
+      const cudaLaunchConfig_t cfg = cluster_launch_config(attr, CL, grid, smem, stream);
       status = cudaLaunchKernelEx(&cfg, kernel, x, xs, r, rs, w, rows, h, pf) == cudaSuccess ? KOPT_OK : KOPT_ERR_LAUNCH;
     }
   };
