@@ -25,15 +25,7 @@ from gpu_worker.context import Context, derive_seed
 from gpu_worker.nvml import Monitor
 from gpu_worker.plan import CaseSpec
 from kopt import expr
-from kopt.models import (
-    ELEMENT_SIZE,
-    ABResult,
-    Partial,
-    ProfileResult,
-    Shape,
-    ShapeAB,
-    ShapeTiming,
-)
+from kopt.models import ELEMENT_SIZE, ABResult, Partial, ProfileResult, Shape, ShapeAB, ShapeTiming
 
 PROFILE_SETS = 3  # rotating input sets per timed shape in cold and CPU modes
 PROFILE_SET_BUDGET = 8 << 30  # bytes per kernel of rotating sets on CUDA; huge shapes rotate fewer (min 2)

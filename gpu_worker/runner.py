@@ -26,14 +26,7 @@ from gpu_worker.device import cpu_name
 from gpu_worker.protocol import PROGRESS_PREFIX, HarnessJob, new_key
 from gpu_worker.sandbox import FSIZE_LIMIT, SIGSYS_REASON
 from gpu_worker.spawn import HEARTBEAT_S, Heartbeat, Outcome  # noqa: F401 - HEARTBEAT_S: tests tune it
-from kopt.models import (
-    ExecRequest,
-    KernelSpec,
-    Partial,
-    ProfileResult,
-    TestResult,
-    Tolerance,
-)
+from kopt.models import ExecRequest, KernelSpec, Partial, ProfileResult, TestResult, Tolerance
 
 __all__ = ["DEFAULT_TOLERANCES", "HarnessJob", "PROGRESS_PREFIX", "run_harness", "run_profile", "run_test",
            "static_check"]

@@ -593,8 +593,8 @@ static unsigned grid_for(K kernel, int64_t tiles, size_t smem) {
 }
 
 // A launch of `grid` CTAs of THREADS threads in clusters of `cl` along x; `attr` must outlive it.
-static cudaLaunchConfig_t cluster_launch_config(cudaLaunchAttribute *attr, int cl, unsigned grid, size_t smem,
-                                                cudaStream_t stream) {
+[[maybe_unused]] static cudaLaunchConfig_t cluster_launch_config(cudaLaunchAttribute *attr, int cl, unsigned grid,
+                                                                 size_t smem, cudaStream_t stream) {
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = cl;
   attr[0].val.clusterDim.y = 1;

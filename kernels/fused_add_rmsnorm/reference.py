@@ -15,7 +15,7 @@ EPS = 1e-6  # hard-coded in the kernels too (RMS_EPS)
 
 
 def make_inputs(dims: dict[str, int], dtype: torch.dtype, seed: int, device: str) -> dict[str, torch.Tensor]:
-    # Drawn on the target device: 10^9 normals take seconds on a CPU, milliseconds on a GPU.
+    # Drawn on the target device: 10^8 normals take seconds on a CPU, milliseconds on a GPU.
     gen = torch.Generator(device=device).manual_seed(seed)
     t, h = dims["T"], dims["H"]
     # Hidden states of a real model: per-token scales vary over orders of magnitude, so rows

@@ -19,7 +19,7 @@ MIN_PAIRS = 8
 
 
 def make_inputs(dims: dict[str, int], dtype: torch.dtype, seed: int, device: str) -> dict[str, torch.Tensor]:
-    # Drawn on the target device: 10^9 normals take seconds on a CPU, milliseconds on a GPU.
+    # Drawn on the target device: 10^8 normals take seconds on a CPU, milliseconds on a GPU.
     gen = torch.Generator(device=device).manual_seed(seed)
     t, nh, d = dims["T"], dims["NH"], dims["D"]
     v_a = torch.randn((t, nh, d), generator=gen, device=device)

@@ -9,7 +9,7 @@ import torch
 
 
 def make_inputs(dims: dict[str, int], dtype: torch.dtype, seed: int, device: str) -> dict[str, torch.Tensor]:
-    # Drawn on the target device: 10^9 normals take seconds on a CPU, milliseconds on a GPU.
+    # Drawn on the target device: 10^8 normals take seconds on a CPU, milliseconds on a GPU.
     gen = torch.Generator(device=device).manual_seed(seed)
     t, d = dims["T"], dims["D"]
     # Activations of a real MLP: mostly within a few units, with a heavier tail.
