@@ -15,7 +15,6 @@ import asyncio
 import concurrent.futures
 import os
 import queue
-import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_worker.protocol import FrameReader, HarnessJob, encode_stdin
+from kopt.procs import kill_group
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HEARTBEAT_S = 5.0
@@ -91,10 +91,10 @@ async def spawn(
         timed_out = await _wait(wait_task, timeout_s, heartbeat, job, frames)
         leftover = False
         if timed_out:
-            _kill_group(child.pid)
+            kill_group(child.pid)
             await wait_task
         else:
-            leftover = _kill_group(child.pid)  # anything left was forked by the kernel
+            leftover = kill_group(child.pid)  # anything left was forked by the kernel
         # EOF comes once every holder of the write end is gone; bound the wait in case one escaped.
         try:
             await asyncio.wait_for(read_task, timeout=READ_GRACE_S)
@@ -105,7 +105,7 @@ async def spawn(
     finally:
         # Runs on cancellation too: never leave a candidate running behind a cancelled activity.
         if child is not None and child.returncode is None:
-            _kill_group(child.pid)
+            kill_group(child.pid)
         for task in (read_task, wait_task):
             if task is not None and not task.done():
                 task.cancel()
@@ -316,11 +316,3 @@ def _read_end(path: Path) -> str:
     except OSError:
         return ""
 
-
-def _kill_group(pid: int) -> bool:
-    """SIGKILL the process group; True when some process was still in it."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import kernels
 from kopt.models import Target
+from kopt.procs import kill_group
 
 KERNELS_INCLUDE = Path(kernels.__file__).resolve().parent  # kopt_abi.h ships inside the package
 CUDA_ARCH = ["-gencode=arch=compute_90a,code=sm_90a"]  # H100/H200; no PTX embedded
@@ -86,22 +87,15 @@ async def build(tc: Toolchain, source_text: str, workdir: Path, flags: list[str]
         log = stdout.decode(errors="replace")
         ok = proc.returncode == 0 and out.is_file()
     except asyncio.TimeoutError:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         await proc.wait()
         log, ok = f"compiler timed out after {timeout_s:.0f} s", False
     except asyncio.CancelledError:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         raise
     seconds = time.monotonic() - start
     usage = "\n".join(line for line in log.splitlines() if "ptxas info" in line)
     return BuildOutput(ok=ok, seconds=seconds, log=log, command=cmd, resource_usage=usage)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, 9)
-    except ProcessLookupError:
-        pass
 
 
 def _first_line(cmd: list[str], pick: str | None = None) -> str:
