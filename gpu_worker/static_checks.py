@@ -16,6 +16,7 @@ from pathlib import Path
 ALLOWED_INCLUDES = {
     "kopt_abi.h",
     "kopt_cpu_half.h",
+    "kopt_cuda.h",
     # CUDA device-side headers
     "cuda_runtime.h", "cuda_runtime_api.h", "cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "cuda_fp4.h",
     "cuda_fp6.h", "vector_types.h", "vector_functions.h", "device_launch_parameters.h", "math_constants.h",

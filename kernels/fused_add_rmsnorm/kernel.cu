@@ -37,6 +37,7 @@
 #include <cuda_runtime.h>
 
 #include "kopt_abi.h"
+#include "kopt_cuda.h"
 
 // Tunables (one `#define NAME VALUE` line each; any listed value must stay correct).
 #define VEC 8
@@ -92,53 +93,6 @@ static_assert(PIPE_ROWS >= 0 && PIPE_PREFETCH >= 0 && (PIPE_DEPTH == 1 || PIPE_D
 constexpr float RMS_EPS = 1e-6f;
 enum Mode { REREAD = 0, SMEM = 1, REGS = 2 };
 
-// fp32 <-> storage conversions (round to nearest even on the way back).
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ __forceinline__ T from_f32(float f);
-template <> __device__ __forceinline__ float from_f32<float>(float f) { return f; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float f) { return __float2half_rn(f); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float f) { return __float2bfloat16_rn(f); }
-
-// V elements moved as one aligned access (ld/st.global.v{2,4} where the size allows).
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-// One pack load / store with a cache hint; hints apply to 16-byte packs only (others: plain).
-__device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
-  uint64_t pol;
-  if (evict_first)
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  else
-    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-
-template <int HINT, typename P>
-__device__ __forceinline__ P load_pack(const P *p) {
-  if constexpr (sizeof(P) == 16 && HINT != 0) {
-    uint4 r;
-    if constexpr (HINT == 2) {
-      r = __ldcs(reinterpret_cast<const uint4 *>(p));
-    } else if constexpr (HINT == 3) {
-      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-    } else {
-      static_assert(HINT == 5 || HINT == 6, "load hints are 0, 2, 3, 5, 6");
-      asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                   : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(l2_policy(HINT == 5)));
-    }
-    P out;
-    __builtin_memcpy(&out, &r, 16);
-    return out;
-  } else {
-    return *p;
-  }
-}
-
 // A raw pack held in registers (register mode). For 16-bit storage it is kept as 32-bit words and
 // unpacked on use: held as an array of 16-bit values, bf16 packs were split into one register per
 // element. hide() is an empty asm that "may change" the words, so the compiler cannot carry
@@ -173,18 +127,6 @@ template <typename T, int V>
 __device__ __forceinline__ float weight_at(const Pack<T, V> &p, int k) { return to_f32(p.v[k]); }
 template <typename T, int V>
 __device__ __forceinline__ float weight_at(const Raw<T, V> &p, int k) { return p.get(k); }
-
-template <int HINT, typename P>
-__device__ __forceinline__ void store_pack(P *p, const P &v) {
-  if constexpr (sizeof(P) == 16 && HINT == 1) {
-    uint4 r;
-    __builtin_memcpy(&r, &v, 16);
-    __stcs(reinterpret_cast<uint4 *>(p), r);
-  } else {
-    static_assert(HINT == 0 || HINT == 1, "store hints are 0, 1");
-    *p = v;
-  }
-}
 
 // RP: register packs per thread (mode 2); LH, SH: load and store hints of this launch.
 template <typename T, int V, int MODE, int RP, int LH, int SH>
@@ -224,7 +166,7 @@ fused_add_rmsnorm_kernel(T *__restrict__ x, int64_t xs, T *__restrict__ r, int64
         for (int p = 0; p < RP; ++p) {  // all loads first: 2 * RP packs in flight
           const int i = tid + p * GROUP;
           if (i < n) {
-            ra[p].set(load_pack<LH1>(xp + i)), rb[p].set(load_pack<LH1>(rp + i));
+            ra[p].set(load_pack<LH1, false>(xp + i)), rb[p].set(load_pack<LH1, false>(rp + i));
             if constexpr (WE) wregs[p].set(wp[i]);
           }
         }
@@ -245,7 +187,7 @@ fused_add_rmsnorm_kernel(T *__restrict__ x, int64_t xs, T *__restrict__ r, int64
         }
       } else {
         for (int i = tid; i < n; i += GROUP) {
-          const P a = load_pack<LH1>(xp + i), b = load_pack<LH1>(rp + i);
+          const P a = load_pack<LH1, false>(xp + i), b = load_pack<LH1, false>(rp + i);
           P ro;
 #pragma unroll
           for (int k = 0; k < V; ++k) {
@@ -310,7 +252,7 @@ fused_add_rmsnorm_kernel(T *__restrict__ x, int64_t xs, T *__restrict__ r, int64
 #pragma unroll
             for (int k = 0; k < V; ++k) s[k] = cache[k * n + i];
           } else {  // the same fp32 add as pass 1: bit-identical s
-            const P a = load_pack<LH>(xp + i), b = load_pack<LH>(rp + i);
+            const P a = load_pack<LH, false>(xp + i), b = load_pack<LH, false>(rp + i);
 #pragma unroll
             for (int k = 0; k < V; ++k) s[k] = to_f32(a.v[k]) + to_f32(b.v[k]);
           }
@@ -421,7 +363,7 @@ fused_add_rmsnorm_rows_kernel(T *__restrict__ x, int64_t xs, T *__restrict__ r, 
 #pragma unroll
     for (int p = 0; p < RP; ++p) {
       const int i = col + p * STRIDE;
-      if (i < n) a[p].set(load_pack<LH>(xp + i)), b[p].set(load_pack<LH>(rp + i));
+      if (i < n) a[p].set(load_pack<LH, false>(xp + i)), b[p].set(load_pack<LH, false>(rp + i));
     }
   };
   // One row whose packs are in a / b; m: this block's row count so far. Mode 3: slot set m % 2,

@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include "kopt_abi.h"
+#include "kopt_cuda.h"
 
 // Tunables (one `#define NAME VALUE` line each; any listed value must stay correct).
 #define VEC 8
@@ -47,15 +48,6 @@
 
 static_assert(VEC > 0 && THREADS > 0 && THREADS <= 1024 && BLOCKS_PER_ROW >= 0, "bad tunables");
 
-// fp32 <-> storage conversions (round to nearest even on the way back).
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ __forceinline__ T from_f32(float f);
-template <> __device__ __forceinline__ float from_f32<float>(float f) { return f; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float f) { return __float2half_rn(f); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float f) { return __float2bfloat16_rn(f); }
-
 // expf, not __expf: the baseline keeps full-precision exp (--use_fast_math is the tuner's call).
 __device__ __forceinline__ float silu_mul(float g, float u) {
 #if FAST_EXP
@@ -63,59 +55,6 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
 #else
   return g / (1.0f + expf(-g)) * u;
 #endif
-}
-
-// V elements moved as one aligned access (ld/st.global.v{2,4} where the size allows).
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-// One pack load / store with a cache hint; hints apply to 16-byte packs only (others: plain).
-__device__ __forceinline__ uint64_t l2_policy_evict_first() {
-  uint64_t pol;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-__device__ __forceinline__ uint64_t l2_policy_evict_last() {
-  uint64_t pol;
-  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-
-template <int HINT, typename P>
-__device__ __forceinline__ P load_pack(const P *p) {
-  if constexpr (sizeof(P) == 16 && HINT != 0) {
-    uint4 r;
-    if constexpr (HINT == 2) {
-      r = __ldcs(reinterpret_cast<const uint4 *>(p));
-    } else if constexpr (HINT == 3) {
-      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-    } else {
-      static_assert(HINT == 5 || HINT == 6, "load hints are 0, 2, 3, 5, 6");
-      const uint64_t pol = HINT == 5 ? l2_policy_evict_first() : l2_policy_evict_last();
-      asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                   : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(pol));
-    }
-    P out;
-    __builtin_memcpy(&out, &r, 16);
-    return out;
-  } else {
-    return *p;
-  }
-}
-
-template <int HINT, typename P>
-__device__ __forceinline__ void store_pack(P *p, const P &v) {
-  if constexpr (sizeof(P) == 16 && HINT == 1) {
-    uint4 r;
-    __builtin_memcpy(&r, &v, 16);
-    __stcs(reinterpret_cast<uint4 *>(p), r);
-  } else {
-    static_assert(HINT == 0 || HINT == 1, "store hints are 0, 1");
-    *p = v;
-  }
 }
 
 template <typename T, int V>
