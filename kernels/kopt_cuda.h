@@ -1,12 +1,13 @@
-// Device-side helpers shared by kopt's CUDA kernel packages: fp32 <-> storage conversions, aligned
-// vector packs, and pack loads / stores with cache hints. A candidate may include it like
-// kopt_abi.h (it is on the static check's include allow-list).
+// Helpers shared by kopt's CUDA kernel packages: fp32 <-> storage conversions, aligned vector
+// packs, pack loads / stores with cache hints (device side); residency and L2 size (host side).
+// A candidate may include it like kopt_abi.h (it is on the static check's include allow-list).
 #pragma once
 
 #include <cstdint>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 // fp32 <-> storage conversions (round to nearest even on the way back).
 __device__ __forceinline__ float to_f32(float v) { return v; }
@@ -74,4 +75,27 @@ __device__ __forceinline__ void store_pack(P *p, const P &v) {
     static_assert(HINT == 0 || HINT == 1, "store hints are 0, 1");
     *p = v;
   }
+}
+
+// Blocks of `kernel` resident on the whole GPU at once (0 if the runtime cannot say).
+template <typename K>
+[[maybe_unused]] static int64_t resident_blocks(K kernel, int threads, size_t smem) {
+  int dev = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess)
+    return 0;
+  return (int64_t)sms * per_sm;
+}
+
+// Bytes the L2 holds (queried once; 0 if the runtime cannot say).
+[[maybe_unused]] static int64_t l2_bytes() {
+  static int64_t bytes = -1;
+  if (bytes < 0) {
+    int dev = 0, v = 0;
+    const bool ok = cudaGetDevice(&dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, dev) == cudaSuccess;
+    bytes = ok ? v : 0;
+  }
+  return bytes;
 }

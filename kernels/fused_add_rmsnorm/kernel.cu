@@ -498,29 +498,6 @@ fused_add_rmsnorm_rows_kernel(T *__restrict__ x, int64_t xs, T *__restrict__ r, 
   }
 }
 
-// Blocks of `kernel` resident on the whole GPU at once (0 if the runtime cannot say).
-template <typename K>
-[[maybe_unused]] static int64_t resident_blocks(K kernel, int threads, size_t smem) {
-  int dev = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess)
-    return 0;
-  return (int64_t)sms * per_sm;
-}
-
-// Bytes the L2 holds (queried once; 0 if the runtime cannot say).
-[[maybe_unused]] static int64_t l2_bytes() {
-  static int64_t bytes = -1;
-  if (bytes < 0) {
-    int dev = 0, v = 0;
-    const bool ok = cudaGetDevice(&dev) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, dev) == cudaSuccess;
-    bytes = ok ? v : 0;
-  }
-  return bytes;
-}
-
 // One row tile per block, capped to the 1D grid limit or to GRID_WAVES waves of resident blocks
 // (the kernel strides over the rest).
 template <typename K>

@@ -190,29 +190,6 @@ merge_thread_kernel(const T *__restrict__ va, const float *__restrict__ sa, cons
   }
 }
 
-// Blocks of `kernel` resident on the whole GPU at once (0 if the runtime cannot say).
-template <typename K>
-[[maybe_unused]] static int64_t resident_blocks(K kernel, int threads, size_t smem) {
-  int dev = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess)
-    return 0;
-  return (int64_t)sms * per_sm;
-}
-
-// Bytes the L2 holds (queried once; 0 if the runtime cannot say).
-[[maybe_unused]] static int64_t l2_bytes() {
-  static int64_t bytes = -1;
-  if (bytes < 0) {
-    int dev = 0, v = 0;
-    const bool ok = cudaGetDevice(&dev) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, dev) == cudaSuccess;
-    bytes = ok ? v : 0;
-  }
-  return bytes;
-}
-
 template <typename T, int V, int LH, int SH>
 static int launch_threads_hinted(const kopt_tensor *args, int64_t pairs, int d, cudaStream_t stream) {
   const int ppp = d / V;
