@@ -117,7 +117,7 @@ async def run_optimization(req: OptimizeRequest, kernel_dir: Path, report_dir: P
                            settings: Settings, out=sys.stdout) -> int:
     from kopt.client import connect
     from kopt.server import start_dev_server
-    from kopt.workers import make_workers
+    from kopt.workers import running_workers
 
     def say(text: str) -> None:
         print(text, file=out, flush=True)
@@ -135,8 +135,7 @@ async def run_optimization(req: OptimizeRequest, kernel_dir: Path, report_dir: P
             workers_plan = _local_worker_plan(req)
         client = await connect(address, settings)
         if workers_plan is not None:
-            for worker in make_workers(client, settings, workers_plan):
-                await stack.enter_async_context(worker)
+            await stack.enter_async_context(running_workers(client, settings, workers_plan))
         wf_id = workflow_id(req)
         handle = await start_run(client, req, wf_id)
         run_id = handle.result_run_id or ""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
 from temporalio.client import Client
@@ -56,6 +58,15 @@ def make_workers(client: Client, settings: Settings, plan: WorkerPlan) -> list[W
         workers.append(Worker(client, task_queue=queue, activities=[acts.test, acts.profile],
                               max_concurrent_activities=1))
     return workers
+
+
+@asynccontextmanager
+async def running_workers(client: Client, settings: Settings, plan: WorkerPlan) -> AsyncIterator[None]:
+    """Every worker of `plan` polling its queue for the duration of the block."""
+    async with AsyncExitStack() as stack:
+        for worker in make_workers(client, settings, plan):
+            await stack.enter_async_context(worker)
+        yield
 
 
 def toolchains_for(names: list[str] | None) -> tuple[build.Toolchain, ...]:

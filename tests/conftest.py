@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,17 @@ def kopt_env(home: Path, **extra: str) -> dict[str, str]:
     pythonpath = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.update(KOPT_HOME=str(home), KOPT_SERVER_PORT="0", KOPT_UI_PORT="0", PYTHONPATH=pythonpath, **extra)
     return env
+
+
+@asynccontextmanager
+async def cpu_cluster(address: str, settings) -> AsyncIterator:
+    """A client of the server at `address`, with in-process workers of every role for the CPU
+    target polling while the block runs."""
+    from kopt.client import connect
+    from kopt.workers import WorkerPlan, running_workers, toolchains_for
+
+    client = await connect(address, settings)
+    plan = WorkerPlan(roles=("workflows", "agents", "build", "exec"), toolchains=toolchains_for(["cpu"]),
+                      exec_target="cpu")  # fmt: skip
+    async with running_workers(client, settings, plan):
+        yield client

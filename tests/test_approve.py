@@ -9,27 +9,19 @@ import uuid
 import pytest
 
 from kopt import queues
-from kopt.client import connect
 from kopt.errors import UsageError
 from kopt.inspect import approve, status
 from kopt.run_models import OptimizeResult, Progress
 from kopt.runs import prepare_request
 from kopt.settings import Settings
-from kopt.workers import WorkerPlan, make_workers, toolchains_for
-from tests.conftest import REPO
+from tests.conftest import REPO, cpu_cluster
 
 
 async def _run(server, home):
     settings = Settings(home=home)
     req = prepare_request(REPO / "tests" / "fixtures" / "repeat", "cpu", None, 1, "offline", 0, settings)
     req = req.model_copy(update={"approve": True})
-    client = await connect(server.address, settings)
-    plan = WorkerPlan(roles=("workflows", "agents", "build", "exec"), toolchains=toolchains_for(["cpu"]),
-                      exec_target="cpu")
-    workers = make_workers(client, settings, plan)
-    for w in workers:
-        await w.__aenter__()
-    try:
+    async with cpu_cluster(server.address, settings) as client:
         wf_id = f"approve-{uuid.uuid4()}"
         handle = await client.start_workflow(queues.WORKFLOW_NAME, req, id=wf_id, task_queue=queues.WORKFLOW_QUEUE,
                                              result_type=OptimizeResult)
@@ -49,9 +41,6 @@ async def _run(server, home):
             await approve(client, wf_id, "0000000000000000", True, out=io.StringIO())
         await approve(client, wf_id, pending, True, out=io.StringIO())
         return pending, await handle.result()
-    finally:
-        for w in workers:
-            await w.__aexit__(None, None, None)
 
 
 @pytest.mark.slow

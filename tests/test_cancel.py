@@ -12,13 +12,11 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 
 from kopt import queues
-from kopt.client import connect
 from kopt.inspect import cancel
 from kopt.run_models import ActivityTimeouts
 from kopt.runs import prepare_request
 from kopt.settings import Settings
-from kopt.workers import WorkerPlan, make_workers, toolchains_for
-from tests.conftest import REPO
+from tests.conftest import REPO, cpu_cluster
 
 SPIN = """
 #include <stdint.h>
@@ -57,13 +55,7 @@ async def _run(server, home: Path, pkg: Path) -> tuple[float, list[int]]:
     settings = Settings(home=home)
     req = prepare_request(pkg, "cpu", None, 1, "offline", 0, settings)
     req = req.model_copy(update={"timeouts": ActivityTimeouts(exec_s=600, exec_heartbeat_s=4)})
-    client = await connect(server.address, settings)
-    plan = WorkerPlan(roles=("workflows", "agents", "build", "exec"), toolchains=toolchains_for(["cpu"]),
-                      exec_target="cpu")
-    workers = make_workers(client, settings, plan)
-    for w in workers:
-        await w.__aenter__()
-    try:
+    async with cpu_cluster(server.address, settings) as client:
         wf_id = f"cancel-{uuid.uuid4()}"
         handle = await client.start_workflow(queues.WORKFLOW_NAME, req, id=wf_id, task_queue=queues.WORKFLOW_QUEUE)
         log = home / "work" / "exec" / "executions.log"
@@ -81,9 +73,6 @@ async def _run(server, home: Path, pkg: Path) -> tuple[float, list[int]]:
         killed_after = time.monotonic() - start
         desc = await handle.describe()
         return killed_after, [desc.status]
-    finally:
-        for w in workers:
-            await w.__aexit__(None, None, None)
 
 
 @pytest.mark.slow

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 import uuid
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 import pytest
@@ -28,14 +27,12 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from kopt import queues
 from kopt.agent_models import LLMCall
 from kopt.cli import _parser
-from kopt.client import connect
 from kopt.history import ActivityCall, RunView, activity_calls, load_run
 from kopt.report import build_report, render_markdown
 from kopt.run_models import OptimizeRequest, OptimizeResult
 from kopt.runs import apply_run_options, prepare_request
 from kopt.settings import Settings
-from kopt.workers import WorkerPlan, make_workers, toolchains_for
-from tests.conftest import REPO, kopt_env
+from tests.conftest import REPO, cpu_cluster, kopt_env
 from tests.fake_openai import Delay, FakeOpenAI, Received, Reply, Status
 
 FIXTURE = REPO / "tests" / "fixtures" / "repeat"
@@ -166,13 +163,8 @@ def make_request(settings: Settings, srv: FakeOpenAI | None, monkeypatch, *optio
 
 
 async def _execute(server, settings: Settings, req: OptimizeRequest) -> Run:
-    client = await connect(server.address, settings)
-    plan_ = WorkerPlan(roles=("workflows", "agents", "build", "exec"), toolchains=toolchains_for(["cpu"]),
-                       exec_target="cpu")
     result = error = None
-    async with AsyncExitStack() as stack:
-        for worker in make_workers(client, settings, plan_):
-            await stack.enter_async_context(worker)
+    async with cpu_cluster(server.address, settings) as client:
         start = time.monotonic()
         handle = await client.start_workflow(queues.WORKFLOW_NAME, req, id=f"llm-wf-{uuid.uuid4()}",
                                              task_queue=queues.WORKFLOW_QUEUE, result_type=OptimizeResult)

@@ -17,14 +17,12 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from kopt import queues
-from kopt.client import connect
 from kopt.history import activity_calls, segments
 from kopt.plan_history import PLAN_WINDOW, config_key
 from kopt.run_models import OptimizeResult
 from kopt.runs import prepare_request
 from kopt.settings import Settings
-from kopt.workers import WorkerPlan, make_workers, toolchains_for
-from tests.conftest import REPO
+from tests.conftest import REPO, cpu_cluster
 from workflows.optimize import OptimizeKernel
 
 ROUNDS = 200
@@ -55,22 +53,13 @@ async def _run(server, home):
     settings = Settings(home=home)
     req = prepare_request(REPO / "tests" / "fixtures" / "knobs", "cpu", None, ROUNDS, "offline", 0, settings)
     req = req.model_copy(update={"continue_every": 50})
-    client = await connect(server.address, settings)
-    plan = WorkerPlan(roles=("workflows", "agents", "build", "exec"), toolchains=toolchains_for(["cpu"]),
-                      exec_target="cpu")
-    workers = make_workers(client, settings, plan)
-    for w in workers:
-        await w.__aenter__()
-    try:
+    async with cpu_cluster(server.address, settings) as client:
         wf_id = f"long-{uuid.uuid4()}"
         start = time.monotonic()
         result = await client.execute_workflow(queues.WORKFLOW_NAME, req, id=wf_id, task_queue=queues.WORKFLOW_QUEUE,
                                                result_type=OptimizeResult)
         elapsed = time.monotonic() - start
         return result, await segments(client, wf_id), elapsed
-    finally:
-        for w in workers:
-            await w.__aexit__(None, None, None)
 
 
 @pytest.mark.slow

@@ -4,31 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from contextlib import AsyncExitStack
 
 import pytest
 from temporalio.api.enums.v1 import EventType
 
 from kopt import queues
-from kopt.client import connect
 from kopt.history import load_run
 from kopt.run_models import OptimizeResult
 from kopt.runs import prepare_request
 from kopt.settings import Settings
-from kopt.workers import WorkerPlan, make_workers, toolchains_for
-from tests.conftest import REPO
+from tests.conftest import REPO, cpu_cluster
 
 ROUNDS = 3
 
 
 async def _run(server, settings: Settings):
     req = prepare_request(REPO / "kernels" / "silu_and_mul", "cpu", None, ROUNDS, "offline", 7, settings)
-    client = await connect(server.address, settings)
-    plan = WorkerPlan(roles=("workflows", "agents", "build", "exec"), toolchains=toolchains_for(["cpu"]),
-                      exec_target="cpu")
-    async with AsyncExitStack() as stack:
-        for worker in make_workers(client, settings, plan):
-            await stack.enter_async_context(worker)
+    async with cpu_cluster(server.address, settings) as client:
         handle = await client.start_workflow(queues.WORKFLOW_NAME, req, id=f"test-{uuid.uuid4()}",
                                              task_queue=queues.WORKFLOW_QUEUE, result_type=OptimizeResult)
         result = await handle.result()

@@ -18,13 +18,12 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from kopt import queues  # noqa: E402
-from kopt.client import connect  # noqa: E402
 from kopt.history import segments  # noqa: E402
 from kopt.run_models import OptimizeResult  # noqa: E402
 from kopt.runs import prepare_request  # noqa: E402
 from kopt.server import start_dev_server  # noqa: E402
 from kopt.settings import Settings  # noqa: E402
-from kopt.workers import WorkerPlan, make_workers, toolchains_for  # noqa: E402
+from tests.conftest import cpu_cluster  # noqa: E402
 
 OUT = Path(__file__).resolve().parent
 
@@ -37,13 +36,7 @@ async def main() -> None:
             settings = Settings(home=home)
             req = prepare_request(REPO / "tests" / "fixtures" / "repeat", "cpu", None, 3, "offline", 1, settings)
             req = req.model_copy(update={"continue_every": 2})
-            client = await connect(server.address, settings)
-            plan = WorkerPlan(roles=("workflows", "agents", "build", "exec"), toolchains=toolchains_for(["cpu"]),
-                              exec_target="cpu")
-            workers = make_workers(client, settings, plan)
-            for w in workers:
-                await w.__aenter__()
-            try:
+            async with cpu_cluster(server.address, settings) as client:
                 wf_id = "golden-repeat"
                 await client.execute_workflow(queues.WORKFLOW_NAME, req, id=wf_id, task_queue=queues.WORKFLOW_QUEUE,
                                               result_type=OptimizeResult)
@@ -52,9 +45,6 @@ async def main() -> None:
                 for i, history in enumerate(await segments(client, wf_id), start=1):
                     (OUT / f"history-{i}.json").write_text(history.to_json())
                     print(f"wrote history-{i}.json ({len(history.events)} events)")
-            finally:
-                for w in workers:
-                    await w.__aexit__(None, None, None)
         finally:
             server.stop()
 
