@@ -89,7 +89,7 @@ async def cold_ab(kernel: str, best_source: Path, best_flags: list[str]) -> dict
     (the search may time small shapes in CUDA-graph mode; MEASUREMENT.md's references are cold)."""
     from gpu_worker import runner
     from kopt.build import build, detect_toolchain
-    from kopt.models import ArtifactRef, ExecRequest, PackageRef
+    from bench.noise_floor import request
     from kopt.package import load_spec, source_path
 
     pkg = REPO / "kernels" / kernel
@@ -104,10 +104,7 @@ async def cold_ab(kernel: str, best_source: Path, best_flags: list[str]) -> dict
             if not built.ok:
                 sys.exit(f"{kernel} {name}: build failed:\n{built.log}")
             libs.append(Path(tmp) / name / "kernel.so")
-        none = ArtifactRef(sha256="0" * 64, size=0, uri="file:///dev/null")
-        req = ExecRequest(package=PackageRef(spec=spec, files=none, baseline_sources={}), target="cuda",
-                          candidate_id=f"{kernel}-best", library=none, shapes=spec.shapes["cuda"].bench,
-                          dtypes=spec.dtypes, timeout_s=900, timing_mode="cold", baseline_id="baseline")  # fmt: skip
+        req = request(spec, "cuda", spec.shapes["cuda"].bench, spec.dtypes, None, timing_mode="cold")
         result = await runner.run_profile(req, libs[1], pkg, spec, baseline=libs[0])
     if not result.ok:
         sys.exit(f"{kernel}: cold A/B failed: {result.reason}")

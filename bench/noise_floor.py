@@ -85,6 +85,14 @@ def versions(target: str) -> dict:
     return info
 
 
+def print_self_ab(result) -> None:
+    """One line per shape and dtype of a self A/B profile: time, self-ratio, its interval, %SOL."""
+    sol = {(t.shape, t.dtype): t.pct_sol for t in result.timings}
+    for s in result.ab.per_shape:
+        print(f"{s.shape:<24} {s.dtype:<9} {s.mode:<8} {s.candidate_us:9.2f} {s.speedup:10.4f} "
+              f"[{s.ci_low:.4f}, {s.ci_high:.4f}] {sol[(s.shape, s.dtype)]:6.1f}")  # fmt: skip
+
+
 async def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.target is None:
@@ -141,20 +149,12 @@ async def main(argv: list[str] | None = None) -> int:
     print(f"\n{self_ab.device}: copy bandwidth {self_ab.copy_bandwidth_gbs:.0f} GB/s, "
           f"bound {self_ab.peak_bandwidth_gbs:.0f} GB/s")
     print(f"{'shape':<24} {'dtype':<9} {'mode':<8} {'us':>9} {'self-ratio':>10} {'95% CI':>17} {'%SOL':>6}")
-    sol = {(t.shape, t.dtype): t for t in self_ab.timings}
-    for s in ab.per_shape:
-        t = sol[(s.shape, s.dtype)]
-        print(f"{s.shape:<24} {s.dtype:<9} {s.mode:<8} {s.candidate_us:9.2f} {s.speedup:10.4f} "
-              f"[{s.ci_low:.4f}, {s.ci_high:.4f}] {t.pct_sol:6.1f}")  # fmt: skip
+    print_self_ab(self_ab)
     floor = max(max(1 - s.ci_low, s.ci_high - 1) for s in ab.per_shape)
     print(f"geomean self-ratio {ab.speedup_geomean:.4f} [{ab.ci_low:.4f}, {ab.ci_high:.4f}]; noise floor ~{floor:.4f}")
     for name, oab in also.items():
         print(f"\n{name} self A/B:")
-        osol = {(t.shape, t.dtype): t for t in oab.timings}
-        for s in oab.ab.per_shape:
-            t = osol[(s.shape, s.dtype)]
-            print(f"{s.shape:<24} {s.dtype:<9} {s.mode:<8} {s.candidate_us:9.2f} {s.speedup:10.4f} "
-                  f"[{s.ci_low:.4f}, {s.ci_high:.4f}] {t.pct_sol:6.1f}")  # fmt: skip
+        print_self_ab(oab)
     print("\ncopy kernel:")
     for t in copy.timings:
         print(f"{t.shape:<24} {t.dtype:<9} {t.mode:<8} {t.median_us:9.2f} us {t.gbytes_per_s:8.1f} GB/s "

@@ -81,7 +81,8 @@ async def run(job: HarnessJob, req: ExecRequest, heartbeat) -> tuple[bool | None
             # API errors are not counted: torch's own feature probes return some on purpose.
             prefix = [tool, "--tool", name, "--report-api-errors", "no", "--error-exitcode", str(ERROR_EXIT),
                       "--print-limit", str(PRINT_LIMIT), "--log-file", str(log_file)]  # fmt: skip
-            out = await spawn.spawn(sanitizer_job(job, name), new_key(), workdir, req.timeout_s, heartbeat, prefix)
+            tool_job = sanitizer_job(job, name)
+            out = await spawn.spawn(tool_job, new_key(), workdir, req.timeout_s, heartbeat, prefix)
             log = log_file.read_text(errors="replace") if log_file.is_file() else ""
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -93,5 +94,5 @@ async def run(job: HarnessJob, req: ExecRequest, heartbeat) -> tuple[bool | None
         if out.timed_out or count is None:
             summaries.append(f"{name}: did not complete ({'timed out' if out.timed_out else 'no summary'})")
         else:
-            summaries.append(f"{name}: clean ({len(sanitizer_job(job, name).shapes)} shape classes)")
+            summaries.append(f"{name}: clean ({len(tool_job.shapes)} shape classes)")
     return True if all(": clean" in s for s in summaries) else None, "compute-sanitizer " + ", ".join(summaries)

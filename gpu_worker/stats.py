@@ -8,6 +8,7 @@ geomean's interval carries every shape's uncertainty. torch is used for speed (n
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -29,14 +30,11 @@ class Ratio:
     def from_interval(cls, speedup: float, low: float, high: float, seed: int = 0, reps: int = REPLICATES) -> Ratio:
         """Replicates rebuilt from a reported interval (a shape resumed from an earlier attempt, whose
         samples are gone): log-normal around the point with the interval's width."""
-        z = _Z[CONFIDENCE]
+        z = statistics.NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)
         sigma = max(math.log(high) - math.log(low), 0.0) / (2 * z)
         gen = torch.Generator().manual_seed(seed)
         logs = math.log(speedup) + sigma * torch.randn(reps, generator=gen, dtype=torch.float64)
         return cls(speedup, low, high, logs.exp())
-
-
-_Z = {0.95: 1.959963984540054}
 
 
 def _thin(xs: list[float]) -> torch.Tensor:

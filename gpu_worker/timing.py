@@ -130,7 +130,7 @@ def sample(
             min_samples = max(MIN_SAMPLES, min(AB_MIN_SAMPLES, int(AB_MIN_SAMPLES_S / per_sample)))
         order = range(len(measures)) if block % 2 == 0 else reversed(range(len(measures)))
         for i in order:
-            if len(sides[i].xs) >= MAX_SAMPLES or (len(sides) == 1 and sides[i].done(min_samples, rse_target)):
+            if len(sides[i].xs) >= MAX_SAMPLES:
                 continue  # A/B sides keep alternating until both are done: no side runs alone
             before = monitor.begin() if monitor else None
             batch = measures[i](min(BATCH, MAX_SAMPLES - len(sides[i].xs)))
