@@ -26,6 +26,7 @@ from gpu_worker.device import cpu_name
 from gpu_worker.protocol import PROGRESS_PREFIX, HarnessJob, new_key
 from gpu_worker.sandbox import FSIZE_LIMIT, SIGSYS_REASON
 from gpu_worker.spawn import HEARTBEAT_S, Heartbeat, Outcome  # noqa: F401 - HEARTBEAT_S: tests tune it
+from kopt import jail
 from kopt.models import ExecRequest, KernelSpec, Partial, ProfileResult, TestResult, Tolerance
 
 __all__ = ["DEFAULT_TOLERANCES", "HarnessJob", "PROGRESS_PREFIX", "run_harness", "run_profile", "run_test",
@@ -168,6 +169,9 @@ def interpret(job: HarnessJob, out: Outcome) -> TestResult | ProfileResult:
         except ValueError:
             name = f"signal {sig}"
         return failed(job, f"crashed: {name}{where}\n{tail}")
+    if rc == jail.SETUP_FAILED and not during:
+        return failed(job, f"sandbox unavailable, candidate not run: {_jail_reason(out.log)} (the host must allow "
+                      f"namespaces; {jail.ESCAPE_HATCH}=1 with KOPT_SANDBOX=off runs without, at your own risk)")
     if rc:
         return failed(job, f"exited with code {rc}{where}: {tail}")
     if out.frames.result is None:
@@ -195,6 +199,11 @@ def failed(job: HarnessJob, reason: str) -> TestResult | ProfileResult:
 
 def _device(target: str) -> str:
     return cpu_name() if target == "cpu" else ""
+
+
+def _jail_reason(log: str) -> str:
+    lines = [ln.removeprefix("kopt-jail: ") for ln in log.splitlines() if ln.startswith("kopt-jail: ")]
+    return lines[-1] if lines else "the jail could not be built"
 
 
 def _stderr_tail(log: str) -> str:

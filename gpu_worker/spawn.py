@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_worker.protocol import FrameReader, HarnessJob, encode_stdin
+from kopt import jail
 from kopt.procs import kill_group
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -45,13 +46,34 @@ class Outcome:
     leftover: bool  # a process of the child's group outlived it
 
 
-def harness_env() -> dict[str, str]:
+# Variables a harness child may see besides its own (none of them secret); everything else of the
+# worker's environment (API keys, tokens, paths of the user's home) stays behind.
+PASSED_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
+              "OMP_NUM_THREADS", "TZ")  # fmt: skip
+
+
+def harness_env(home: str = "/tmp") -> dict[str, str]:
+    """The whole environment of a harness child (and of the zygote): explicit and minimal."""
+    env = {name: os.environ[name] for name in PASSED_ENV if name in os.environ}
     return {
-        **os.environ,
+        **env,
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": home,
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p),
         "PYTHONFAULTHANDLER": "1",  # a Python stack in the log when the kernel segfaults
         "PYTHONUNBUFFERED": "1",  # log lines reach the file before a crash
+        "PYTHONDONTWRITEBYTECODE": "1",
     }
+
+
+def jail_spec(job: HarnessJob, scratch: Path) -> jail.JailSpec:
+    """The sandbox of one harness child: the job's libraries and package read-only, `scratch` the
+    only writable place, the GPU's device nodes for CUDA jobs."""
+    paths = [job.library, job.package_dir, *([job.baseline_library] if job.baseline_library else [])]
+    return jail.JailSpec(scratch=str(scratch), read_only=tuple(paths), env=harness_env(str(scratch)),
+                         gpu=job.target == "cuda")  # fmt: skip
 
 
 async def spawn(
@@ -66,7 +88,10 @@ async def spawn(
     """Run one harness child (`[*prefix, python, -m, gpu_worker.harness, FD]` when a prefix is
     given or the zygote is off) to completion or timeout. `on_partial` gets the body of each
     authenticated partial frame (a finished piece of the job) as it arrives."""
-    log_path = workdir / f"{job.mode}.log"
+    log_path = workdir / f"{job.mode}.log"  # outside the scratch: the child sees it only as its stdout
+    scratch = workdir / "scratch"
+    scratch.mkdir(exist_ok=True)
+    spec = jail_spec(job, scratch)
     frames = FrameReader(key=key, on_partial=on_partial)
     loop = asyncio.get_running_loop()
     r, w = os.pipe()
@@ -75,9 +100,9 @@ async def spawn(
         zygote = await asyncio.to_thread(ZygoteClient.shared) if prefix is None else None
         with open(log_path, "wb") as log:
             if zygote is not None:
-                child = await _ZygoteChild.start(zygote, w, log.fileno())
+                child = await _ZygoteChild.start(zygote, w, log.fileno(), spec)
             else:
-                child = await _ExecChild.start(prefix or [], w, log, workdir)
+                child = await _ExecChild.start(prefix or [], w, log, scratch, spec)
         os.close(w)
         w = -1
         reader = asyncio.StreamReader(limit=1 << 20)
@@ -124,10 +149,14 @@ class _ExecChild:
         self.pid = proc.pid
 
     @classmethod
-    async def start(cls, prefix: list[str], result_w: int, log, workdir: Path) -> _ExecChild:
+    async def start(cls, prefix: list[str], result_w: int, log, scratch: Path, spec: jail.JailSpec) -> _ExecChild:
+        argv = [*prefix, sys.executable, "-m", "gpu_worker.harness", str(result_w)]
+        if not jail.disabled():
+            # A tool under the harness (compute-sanitizer) forks and execs: the jail's tool profile
+            # holds it; a bare harness installs the stricter harness profile itself.
+            argv = jail.command(spec, argv, seccomp_profile="tool" if prefix else None)
         proc = await asyncio.create_subprocess_exec(
-            *prefix, sys.executable, "-m", "gpu_worker.harness", str(result_w),
-            pass_fds=(result_w,), start_new_session=True, cwd=workdir, env=harness_env(),
+            *argv, pass_fds=(result_w,), start_new_session=True, cwd=scratch, env=spec.env,
             stdin=asyncio.subprocess.PIPE, stdout=log, stderr=log,
         )  # fmt: skip
         return cls(proc)
@@ -157,10 +186,10 @@ class _ZygoteChild:
         self.returncode: int | None = None
 
     @classmethod
-    async def start(cls, zygote: ZygoteClient, result_w: int, log_fd: int) -> _ZygoteChild:
+    async def start(cls, zygote: ZygoteClient, result_w: int, log_fd: int, spec: jail.JailSpec) -> _ZygoteChild:
         stdin_r, stdin_w = os.pipe()
         try:
-            pid = await asyncio.to_thread(zygote.launch, [stdin_r, result_w, log_fd])
+            pid = await asyncio.to_thread(zygote.launch, [stdin_r, result_w, log_fd], spec)
         except BaseException:
             os.close(stdin_w)
             raise
@@ -200,7 +229,7 @@ class ZygoteClient:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpu_worker.zygote", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
-            env=harness_env(), cwd=REPO_ROOT, stdin=subprocess.DEVNULL, start_new_session=True,
+            env=harness_env(), cwd="/", stdin=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         theirs.close()
         self.sock = mine
@@ -229,11 +258,13 @@ class ZygoteClient:
                 cls._instance = cls()
             return cls._instance
 
-    def launch(self, fds: list[int]) -> int:
+    def launch(self, fds: list[int], spec: jail.JailSpec) -> int:
+        body = b"" if jail.disabled() else spec.to_json().encode()
         with self.send_lock:
             if self.dead:
                 raise ZygoteError("the harness zygote died")
-            socket.send_fds(self.sock, [b"J"], fds)
+            socket.send_fds(self.sock, [b"J" + len(body).to_bytes(4, "big")], fds)
+            self.sock.sendall(body)
             try:
                 pid = self.pids.get(timeout=ZYGOTE_START_S)
             except queue.Empty:

@@ -21,10 +21,12 @@ import socket
 import sys
 import traceback
 
+from kopt import jail
+
 PR_SET_PDEATHSIG = 1
 
 
-def _child(sock: socket.socket, wake: tuple[int, int], fds: list[int], zygote: int) -> None:
+def _child(sock: socket.socket, wake: tuple[int, int], fds: list[int], zygote: int, spec: str) -> None:
     stdin_r, result_w, log_w = fds
     try:
         os.setsid()
@@ -39,6 +41,7 @@ def _child(sock: socket.socket, wake: tuple[int, int], fds: list[int], zygote: i
         os.dup2(log_w, 2)
         os.close(stdin_r)
         os.close(log_w)
+        _contain(spec)
         from gpu_worker import harness
 
         harness.main([str(result_w)])
@@ -57,6 +60,37 @@ def _die_with_parent(zygote: int) -> None:
         pass
     if os.getppid() != zygote:  # it died before prctl took effect
         os._exit(72)
+
+
+def _contain(spec: str) -> None:
+    """Enter the job's jail (kopt.jail) before anything of the job is read; this process becomes
+    the jail's supervisor and only the contained process returns. No jail, no job: unless the user
+    allowed it (KOPT_ALLOW_UNSANDBOXED=1, carried in the empty spec), the child exits with
+    jail.SETUP_FAILED and the reason on its stderr."""
+    if not spec:
+        print("kopt-jail: sandbox off (KOPT_SANDBOX=off, KOPT_ALLOW_UNSANDBOXED=1)", file=sys.stderr)
+        return
+    try:
+        jail.enter(jail.JailSpec.from_json(spec))
+    except jail.JailError as exc:
+        print(f"kopt-jail: {exc}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(jail.SETUP_FAILED)
+
+
+def _recv_job(sock: socket.socket) -> tuple[bytes, list[int], str]:
+    """One job message: b"J", a 4-byte length, the jail spec (JSON), with three descriptors."""
+    msg, fds, _, _ = socket.recv_fds(sock, 5, 3)
+    if len(msg) < 5 or msg[:1] != b"J":
+        return msg, fds, ""
+    size = int.from_bytes(msg[1:5], "big")
+    body = b""
+    while len(body) < size:
+        chunk = sock.recv(size - len(body))
+        if not chunk:
+            break
+        body += chunk
+    return msg[:1], fds, body.decode()
 
 
 def _status(raw: int) -> int:
@@ -92,9 +126,9 @@ def serve(control_fd: int) -> None:
                     sock.sendall(f"exit {pid} {_status(raw)}\n".encode())
         if sock in readable:
             try:
-                msg, fds, _, _ = socket.recv_fds(sock, 16, 3)
+                msg, fds, spec = _recv_job(sock)
             except OSError:
-                msg, fds = b"", []
+                msg, fds, spec = b"", [], ""
             if not msg:
                 for pid in children:  # the runner is gone: so are its jobs
                     try:
@@ -111,7 +145,7 @@ def serve(control_fd: int) -> None:
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
-                _child(sock, (wake_r, wake_w), fds, me)
+                _child(sock, (wake_r, wake_w), fds, me, spec)
             for fd in fds:
                 os.close(fd)
             children.add(pid)
