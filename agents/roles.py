@@ -28,6 +28,7 @@ from kopt.agent_models import (
     shape_symbols,
 )
 from kopt.candidates import candidate_id, unified_diff
+from kopt.flags import check_flags  # noqa: F401 - the allow-list; re-exported for callers
 from kopt.models import (
     Candidate,
     CodeRequest,
@@ -67,26 +68,6 @@ class SingleAgentReply(PlannerReply):
 
 
 # ---------------------------------------------------------------- checks (pure)
-
-# Options that would make the compiler read or write files of its choosing, or run other tools.
-# Best effort: the build worker's isolation is the real boundary.
-_UNSAFE_FLAGS = re.compile(
-    r"^(@|-o|--output|-odir|-I|-isystem|-iquote|-idirafter|-include|--include-path|--pre-include|-L|--library-path"
-    r"|-B|-ccbin|--compiler-bindir|-Xlinker|-Wl,|--linker-options|-fplugin|-specs|--options-file|-optf|-save-temps"
-    r"|--keep|-M|--dependency-output|-wrapper)"
-)
-
-
-def check_flags(flags: list[str]) -> list[str]:
-    """Problems with a proposed flag list (empty when usable)."""
-    problems = []
-    for flag in flags:
-        if not flag.startswith("-") or any(c.isspace() for c in flag) or "\x00" in flag:
-            problems.append(f"{flag!r}: each option must be one item starting with '-' and without spaces")
-        elif _UNSAFE_FLAGS.match(flag) or _UNSAFE_FLAGS.match(flag.partition("=")[2]):  # -Xcompiler=-o...
-            problems.append(f"{flag!r}: options that choose files, paths or tools are not allowed")
-    return problems
-
 
 def check_tunables(spec: KernelSpec, target: Target, tunables: dict[str, int]) -> list[str]:
     declared = {t.name: t for t in spec.tunables_for(target)}
@@ -209,7 +190,7 @@ def _plan_context(req: PlanRequest) -> dict[str, str]:
 def _plan_from(reply: PlannerReply, req: PlanRequest) -> Plan:
     problems = check_tunables(req.package.spec, req.target, reply.tunables)
     flags = list(req.best.flags) if reply.flags is None else list(reply.flags)
-    problems += check_flags(flags)
+    problems += check_flags(flags, req.target)
     description = " ".join(reply.description.split())
     if not reply.exhausted and not description:
         problems.append("description is empty")

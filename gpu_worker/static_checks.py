@@ -13,26 +13,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-ALLOWED_INCLUDES = {
-    "kopt_abi.h",
-    "kopt_cpu_half.h",
-    "kopt_cuda.h",
-    # CUDA device-side headers
-    "cuda_runtime.h", "cuda_runtime_api.h", "cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "cuda_fp4.h",
-    "cuda_fp6.h", "vector_types.h", "vector_functions.h", "device_launch_parameters.h", "math_constants.h",
-    "cooperative_groups.h", "mma.h", "cuda_pipeline.h", "cuda_pipeline_primitives.h", "cuda_awbarrier.h",
-    "cuda_awbarrier_primitives.h", "sm_90_rt.h", "crt/host_defines.h",
-    # C and C++ standard headers that do no process, thread or file work
-    "cstdint", "cmath", "climits", "cstddef", "cstring", "cfloat", "cassert", "cstdlib", "cstdio",
-    "type_traits", "algorithm", "array", "limits", "utility", "numeric", "initializer_list", "tuple",
-    "bit", "new", "math.h", "stdint.h", "string.h", "stddef.h", "limits.h", "float.h", "assert.h",
-    "stdlib.h", "stdio.h", "stdbool.h", "inttypes.h", "cinttypes",
-    # CPU SIMD intrinsics
-    "immintrin.h", "x86intrin.h", "emmintrin.h", "xmmintrin.h", "pmmintrin.h", "smmintrin.h", "tmmintrin.h",
-    "nmmintrin.h", "arm_neon.h", "arm_sve.h",
-}  # fmt: skip
-ALLOWED_INCLUDE_PREFIXES = ("cooperative_groups/", "cub/", "cuda/std/", "cuda/barrier", "cuda/pipeline",
-                            "cuda/annotated_ptr", "cuda/ptx", "cute/", "cutlass/numeric", "cutlass/array")
+from kopt import build
+
+ALLOWED_INCLUDES, ALLOWED_INCLUDE_PREFIXES = build.ALLOWED_INCLUDES, build.ALLOWED_INCLUDE_PREFIXES
 
 # (pattern on code without comments and strings, what it means)
 FORBIDDEN: list[tuple[str, str]] = [
@@ -115,12 +98,7 @@ def _split_top_level(args: str) -> list[str]:
 
 def check_source(source: str, target: str) -> list[str]:
     """Violations in a candidate's source, each `line N: what (the text)`; empty when clean."""
-    violations = []
-    for m in re.finditer(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', source, flags=re.M):
-        name = m.group(2).strip()
-        if name not in ALLOWED_INCLUDES and not name.startswith(ALLOWED_INCLUDE_PREFIXES):
-            shown = f"<{name}>" if m.group(1) == "<" else f'"{name}"'
-            violations.append(f"line {_line(source, m.start())}: includes {shown} (not on the allow-list)")
+    violations = build.source_problems(source)  # includes and compile-time file reads
     code = strip_comments_and_strings(source)
     # The include lines were checked above; their names must not trip the identifier rules.
     code = re.sub(r"^[ \t]*#[ \t]*include[^\n]*", "", code, flags=re.M)

@@ -16,11 +16,72 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kernels
+from kopt import jail
+from kopt.flags import check_flags
 from kopt.models import Target
 from kopt.procs import kill_group
+from kopt.redact import redact
 
 KERNELS_INCLUDE = Path(kernels.__file__).resolve().parent  # kopt_abi.h ships inside the package
 CUDA_ARCH = ["-gencode=arch=compute_90a,code=sm_90a"]  # H100/H200; no PTX embedded
+
+
+ALLOWED_INCLUDES = {
+    "kopt_abi.h",
+    "kopt_cpu_half.h",
+    "kopt_cuda.h",
+    # CUDA device-side headers
+    "cuda_runtime.h", "cuda_runtime_api.h", "cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "cuda_fp4.h",
+    "cuda_fp6.h", "vector_types.h", "vector_functions.h", "device_launch_parameters.h", "math_constants.h",
+    "cooperative_groups.h", "mma.h", "cuda_pipeline.h", "cuda_pipeline_primitives.h", "cuda_awbarrier.h",
+    "cuda_awbarrier_primitives.h", "sm_90_rt.h", "crt/host_defines.h",
+    # C and C++ standard headers that do no process, thread or file work
+    "cstdint", "cmath", "climits", "cstddef", "cstring", "cfloat", "cassert", "cstdlib", "cstdio",
+    "type_traits", "algorithm", "array", "limits", "utility", "numeric", "initializer_list", "tuple",
+    "bit", "new", "math.h", "stdint.h", "string.h", "stddef.h", "limits.h", "float.h", "assert.h",
+    "stdlib.h", "stdio.h", "stdbool.h", "inttypes.h", "cinttypes",
+    # CPU SIMD intrinsics
+    "immintrin.h", "x86intrin.h", "emmintrin.h", "xmmintrin.h", "pmmintrin.h", "smmintrin.h", "tmmintrin.h",
+    "nmmintrin.h", "arm_neon.h", "arm_sve.h",
+}  # fmt: skip
+ALLOWED_INCLUDE_PREFIXES = ("cooperative_groups/", "cub/", "cuda/std/", "cuda/barrier", "cuda/pipeline",
+                            "cuda/annotated_ptr", "cuda/ptx", "cute/", "cutlass/numeric", "cutlass/array")
+INCLUDE = re.compile(r'^[ \t]*#[ \t]*include(?:_next)?\b[ \t]*(.*)$', re.M)
+# Ways to make the compiler or assembler read a file of the source's choosing (checked on the raw
+# text: asm strings and pragmas included), or to name a path at all.
+FILE_READS = [
+    (re.compile(r"\.incbin\b|\.include\b|\.file\s+\d|\.loc_file"), "makes the assembler read a file (.incbin, .include)"),
+    (re.compile(r"#[ \t]*embed\b|__has_embed|__has_include"), "asks the preprocessor about or for a file (#embed, __has_include)"),
+    (re.compile(r"#[ \t]*import\b|#[ \t]*pragma[ \t]+(?:GCC[ \t]+)?(?:dependency|include_alias|poison_file)"),
+     "makes the preprocessor read a file (#import, #pragma dependency)"),
+    (re.compile(r"\b_Pragma\s*\("), "_Pragma (a pragma built from a string)"),
+]  # fmt: skip
+
+
+def include_problems(source: str) -> list[str]:
+    """Includes off the allow-list, or not a plain <name>/"name" (a macro, a path), line by line."""
+    problems = []
+    for m in INCLUDE.finditer(source):
+        line = source.count("\n", 0, m.start()) + 1
+        target = re.match(r'([<"])([^>"]+)[>"]\s*(?://.*|/\*.*)?$', m.group(1).strip())
+        if target is None:
+            problems.append(f"line {line}: #include of something other than a plain <name> or \"name\" (a macro?)")
+            continue
+        name = target.group(2).strip()
+        if name not in ALLOWED_INCLUDES and not name.startswith(ALLOWED_INCLUDE_PREFIXES):
+            shown = f"<{name}>" if target.group(1) == "<" else f'"{name}"'
+            problems.append(f"line {line}: includes {shown} (not on the allow-list)")
+    return problems
+
+
+def source_problems(source: str) -> list[str]:
+    """What must not reach the compiler at all: includes off the allow-list and file reads through
+    the preprocessor or the assembler. Checked before any compiler runs."""
+    problems = include_problems(source)
+    for pattern, what in FILE_READS:
+        for m in pattern.finditer(source):
+            problems.append(f"line {source.count(chr(10), 0, m.start()) + 1}: {what}")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -71,20 +132,47 @@ class BuildOutput:
     resource_usage: str
 
 
+COMPILER_MEMORY_MB = 8192  # address space of each compiler process (cicc, ptxas, cc1plus)
+COMPILER_PROCESSES = 256
+LOG_LIMIT = 256 << 10  # bytes of compiler output kept (a file echoed into the log stops here)
+
+
+def compiler_jail(tc: Toolchain, workdir: Path) -> jail.JailSpec:
+    """The compiler's sandbox: its install root and kopt's headers read-only, the build directory
+    the only writable place, no network, a memory cap, an environment of its own."""
+    root = Path(tc.compiler).resolve().parent.parent
+    tmp = workdir / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {"PATH": f"{Path(tc.compiler).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": str(workdir),
+           "TMPDIR": str(tmp), "LANG": "C.UTF-8"}  # fmt: skip
+    return jail.JailSpec(scratch=str(workdir), read_only=(str(KERNELS_INCLUDE), str(root)), env=env,
+                         address_space_mb=COMPILER_MEMORY_MB, processes=COMPILER_PROCESSES, file_size_mb=512)  # fmt: skip
+
+
 async def build(tc: Toolchain, source_text: str, workdir: Path, flags: list[str], timeout_s: float = 300) -> BuildOutput:
-    """Write the source into workdir and compile it to workdir/kernel.so."""
+    """Write the source into workdir and compile it to workdir/kernel.so, in the compiler's jail.
+    Flags off the allow-list and sources that would read files at compile time never reach it."""
     workdir.mkdir(parents=True, exist_ok=True)
     src = workdir / ("kernel.cu" if tc.target == "cuda" else "kernel.cpp")
-    src.write_text(source_text)
     out = workdir / "kernel.so"
     cmd = compile_command(tc, src, out, flags)
+    refused = check_flags(flags, tc.target) + source_problems(source_text)
+    if refused:
+        log = "refused before compiling:\n" + "\n".join(refused)
+        return BuildOutput(ok=False, seconds=0.0, log=redact(log), command=cmd, resource_usage="")
+    src.write_text(source_text)
+    spec = compiler_jail(tc, workdir)
+    argv, env = (cmd, spec.env) if jail.disabled() else (jail.command(spec, cmd, "tool"), jail.launcher_env())
     start = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
-        *cmd, cwd=workdir, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True
+        *argv, cwd=workdir, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         stdout, _ = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
-        log = stdout.decode(errors="replace")
+        log = stdout[-LOG_LIMIT:].decode(errors="replace")
+        if proc.returncode == jail.SETUP_FAILED and "kopt-jail:" in log:
+            log = f"sandbox unavailable, compiler not run: {log.strip()}"
         ok = proc.returncode == 0 and out.is_file()
     except asyncio.TimeoutError:
         kill_group(proc.pid)
@@ -94,6 +182,7 @@ async def build(tc: Toolchain, source_text: str, workdir: Path, flags: list[str]
         kill_group(proc.pid)
         raise
     seconds = time.monotonic() - start
+    log = redact(log)
     usage = "\n".join(line for line in log.splitlines() if "ptxas info" in line)
     return BuildOutput(ok=ok, seconds=seconds, log=log, command=cmd, resource_usage=usage)
 

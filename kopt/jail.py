@@ -352,6 +352,12 @@ def main(argv: list[str]) -> None:
         os._exit(127)
 
 
+def launcher_env() -> dict[str, str]:
+    """The environment of `python -m kopt.jail` itself: enough to import kopt, nothing secret."""
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PATH": "/usr/bin:/bin", "PYTHONPATH": path, "LANG": "C.UTF-8"}
+
+
 def command(spec: JailSpec, argv: list[str], seccomp_profile: str | None = "tool") -> list[str]:
     """The argv that runs `argv` inside a jail of `spec`."""
     extra = ["--seccomp", seccomp_profile] if seccomp_profile else []
