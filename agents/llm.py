@@ -31,6 +31,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from kopt.agent_models import LLMCall, LLMConfig, LLMMessage, LLMUsage, setting_name
+from kopt.redact import redact
 
 PROMPTS = Path(__file__).parent / "prompts"
 NO_KEY = "no-key"  # sent when api_key_env is empty: servers without auth ignore it
@@ -123,10 +124,13 @@ MIN_SECRET_CHARS = 8  # shorter "keys" are placeholders (vLLM's "EMPTY"); replac
 
 
 def scrub(text: str | None, secret: str | None) -> str | None:
-    """`text` with every occurrence of the secret replaced by ***."""
-    if text is None or not secret or len(secret) < MIN_SECRET_CHARS:
+    """`text` with every occurrence of the secret replaced by ***, and anything else secret-shaped
+    (kopt.redact: other keys in the environment, provider key formats, private keys) redacted."""
+    if text is None:
         return text
-    return text.replace(secret, "***")
+    if secret and len(secret) >= MIN_SECRET_CHARS:
+        text = text.replace(secret, "***")
+    return redact(text)
 
 
 def retry_after_seconds(headers: Mapping[str, str], now: datetime | None = None) -> float | None:
@@ -290,7 +294,8 @@ async def chat_json(cfg: LLMConfig, role: str, messages: list[LLMMessage], schem
     key = _api_key(cfg)
     host = base_url_host(cfg.base_url)
     calls: list[LLMCall] = []
-    messages = list(messages)
+    # Prompts quote candidate output (failure reasons, compiler logs): nothing secret-shaped leaves.
+    messages = [m.model_copy(update={"content": scrub(m.content, key)}) for m in messages]
     kwargs: dict[str, Any] = {"model": model, cfg.max_tokens_param: cfg.max_output_tokens, "stream": False}
     if temperature is not None:
         kwargs["temperature"] = temperature

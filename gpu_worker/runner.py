@@ -27,6 +27,7 @@ from gpu_worker.protocol import PROGRESS_PREFIX, HarnessJob, new_key
 from gpu_worker.sandbox import FSIZE_LIMIT, SIGSYS_REASON
 from gpu_worker.spawn import HEARTBEAT_S, Heartbeat, Outcome  # noqa: F401 - HEARTBEAT_S: tests tune it
 from kopt import jail
+from kopt.redact import redact, redact_lines
 from kopt.models import ExecRequest, KernelSpec, Partial, ProfileResult, TestResult, Tolerance
 
 __all__ = ["DEFAULT_TOLERANCES", "HarnessJob", "PROGRESS_PREFIX", "run_harness", "run_profile", "run_test",
@@ -149,7 +150,15 @@ def _partial_parser(on_partial: OnPartial) -> Callable[[str], None]:
 
 
 def interpret(job: HarnessJob, out: Outcome) -> TestResult | ProfileResult:
-    """Turn the child's exit status and authenticated frames into a result model."""
+    """Turn the child's exit status and authenticated frames into a result model, with every text
+    the candidate could have written into it (reasons, notes, log tails) redacted (kopt.redact)."""
+    result = _interpret(job, out)
+    result.reason = redact(result.reason) if result.reason else result.reason
+    result.notes = redact_lines(result.notes)
+    return result
+
+
+def _interpret(job: HarnessJob, out: Outcome) -> TestResult | ProfileResult:
     during = out.frames.last_step
     where = f" (during {during})" if during else ""
     tail = _stderr_tail(out.log)

@@ -6,10 +6,11 @@ children) or through `python -m kopt.jail SPEC -- ARGV...` (which enters, then e
 
 1. The calling process becomes a small supervisor: it makes new PID, mount, network, IPC and UTS
    namespaces (as root with CAP_SYS_ADMIN directly; otherwise inside a new user namespace that maps
-   only the caller's own uid), forks the contained process (PID 1 of the new PID namespace), waits
-   for it and exits the way it did. When the supervisor dies, the contained process is killed
-   (PDEATHSIG), and with it everything in its PID namespace: no descendant outlives the job.
-2. The contained process builds a new root on a tmpfs: the system directories (/usr and the
+   only the caller's own uid), forks the namespace's init (PID 1), waits for it and exits the way
+   the job did. The init sets the sandbox up, forks the job's process (PID 2) and waits. When the
+   supervisor dies, the init is killed (PDEATHSIG), and with it everything in its PID namespace:
+   no descendant outlives the job.
+2. The init builds a new root on a tmpfs: the system directories (/usr and the
    merged-/usr links, a few /etc files the loader and Python need), the Python installation,
    kopt's own code, the compiler's install root and whatever the spec names, each bound read-only
    at its own path; a fresh /proc of its own PID namespace; /dev with null, zero, random and (for
@@ -32,6 +33,7 @@ import ctypes
 import errno
 import json
 import os
+import select
 import signal
 import sys
 from dataclasses import asdict, dataclass, field
@@ -51,6 +53,7 @@ ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "nsswi
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 ESCAPE_HATCH = "KOPT_ALLOW_UNSANDBOXED"
+SETUP_FAILED = 113  # exit status of a jail that could not be built (the job never ran)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -268,42 +271,77 @@ def _unshare() -> bool:
 def enter(spec: JailSpec) -> None:
     """Contain the calling (single-threaded) process. Returns only in the contained process; the
     caller's process becomes its supervisor and exits as the contained process did. Raises
-    JailError (in the caller) when the namespaces cannot be made."""
+    JailError (in the caller) when the namespaces cannot be made.
+
+    Three processes: the supervisor (outside), the namespace's init (PID 1: it builds the root,
+    drops privileges, then only waits) and the contained process (PID 2), which is not the init
+    because an init ignores its own fatal signals (abort() would not end it)."""
     root = os.path.join(spec.scratch, ".jail-root")
     os.makedirs(root, exist_ok=True)
     real_root = _unshare()
-    r, w = os.pipe()  # the contained process reports a failed set-up here before it exits
+    r, w = os.pipe()  # init -> supervisor: a failed set-up, or the signal that ended the job
+    life_r, life_w = os.pipe()  # held open by the supervisor: EOF means it is gone
     pid = os.fork()
     if pid:
         os.close(w)
+        os.close(life_r)
         _supervise(pid, r)
     os.close(r)
+    os.close(life_w)
     try:
-        _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
         os.setsid()  # its own process group: a kill(0) or killpg reaches nobody outside
         _build_root(spec, root)
         _libc.sethostname(HOSTNAME, len(HOSTNAME))
         _drop_privileges(spec, real_root)
         os.chdir(os.path.realpath(spec.scratch))
+        # After the last change of credentials (which clears it): die with the supervisor. If the
+        # supervisor died before this took effect, the lifeline shows it.
+        _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+        if select.select([life_r], [], [], 0)[0]:
+            os._exit(SETUP_FAILED)
+        os.close(life_r)
+        child = os.fork()
     except BaseException as exc:  # noqa: BLE001 - report to the supervisor, never run unjailed
         os.write(w, f"sandbox set-up failed: {exc}".encode()[:4000])
-        os._exit(113)
+        os._exit(SETUP_FAILED)
+    if child:
+        _init(child, w)
     os.close(w)
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the init is gone: so is the job
+    if os.getppid() != 1:
+        os._exit(SETUP_FAILED)
     os.environ.clear()
     os.environ.update(spec.env)
 
 
-SETUP_FAILED = 113
+def _init(child: int, report_fd: int) -> None:
+    """PID 1 of the namespace: reap, and when the job's process ends, exit the way it did (a signal
+    is told to the supervisor, which re-raises it: an init cannot)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            os._exit(1)
+        except InterruptedError:
+            continue
+        if pid == child:
+            break
+    if os.WIFSIGNALED(status):
+        os.write(report_fd, f"signal {os.WTERMSIG(status)}".encode())
+        os._exit(1)
+    os._exit(os.WEXITSTATUS(status))
 
 
 def _supervise(pid: int, report_fd: int) -> None:
-    """Wait for the contained process; leave the way it left (same code, or the same signal)."""
+    """Wait for the namespace's init; leave the way the job left (same code, or the same signal)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     msg = b""
     while chunk := os.read(report_fd, 4096):
         msg += chunk
     os.close(report_fd)
-    if msg:
+    text = msg.decode(errors="replace")
+    if text and not text.startswith("signal "):
         os.write(2, b"kopt-jail: " + msg + b"\n")
     while True:
         try:
@@ -313,8 +351,8 @@ def _supervise(pid: int, report_fd: int) -> None:
             os._exit(SETUP_FAILED)
         except InterruptedError:
             continue
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
+    sig = int(text.split()[1]) if text.startswith("signal ") else (os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0)
+    if sig:
         import resource
 
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

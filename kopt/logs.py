@@ -7,6 +7,8 @@ import sys
 
 import structlog
 
+from kopt.redact import redact
+
 SECRET_KEYS = ("api_key", "authorization", "token", "password", "secret")
 
 
@@ -14,6 +16,8 @@ def _redact(_logger, _name, event: dict) -> dict:
     for key in list(event):
         if any(s in key.lower() for s in SECRET_KEYS):
             event[key] = "***"
+        elif isinstance(event[key], str):
+            event[key] = redact(event[key])  # a candidate's failure text, say
     return event
 
 

@@ -1,0 +1,274 @@
+"""Hostile candidates are contained (tests/hostile/): no secret, file, network or process outside the jail.
+
+Each source in tests/hostile/ tries one way out in its entry point (or at load), prints what it got
+and crashes; its header names the substring the rejection reason must carry. They run through the
+harness alone (no static checks: most would be refused before running), so each shows that the
+runtime sandbox holds by itself; `raw_asm` also passes the static checks, and runs the full path.
+Around them: a secret file readable by everyone on the host, a canary in the worker's environment,
+a TCP listener on 127.0.0.1 and the zygote's pid compiled in as a target. Afterwards nothing was
+written outside the scratch, no connection arrived, the zygote lives and no process is left.
+The compiler is attacked too: flags and sources that read or write files at compile time.
+CPU here; CUDA (the same sources, nvcc, the GPU jail) on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpu_worker import runner, spawn
+from kopt import build, jail
+from kopt.build import compile_command, detect_toolchain
+from kopt.models import ArtifactRef, ExecRequest, PackageRef
+from kopt.package import load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+HOSTILE = Path(__file__).resolve().parent / "hostile"
+SCALE2 = Path(__file__).resolve().parent / "fixtures" / "scale2"
+SILU = ROOT / "kernels" / "silu_and_mul"
+SECRET_DIR = Path("/tmp/kopt-hostile")
+SECRET = SECRET_DIR / "secret.txt"
+OUTSIDE = SECRET_DIR / "written-by-candidate"
+CANARY = f"kopt-canary-{uuid.uuid4().hex}"
+NO_ARTIFACT = ArtifactRef(sha256="0" * 64, size=0, uri="file:///dev/null")
+
+
+@dataclass(frozen=True)
+class Hostile:
+    name: str
+    path: Path
+    expect: str
+
+    @classmethod
+    def load(cls, path: Path) -> Hostile:
+        text = path.read_text()
+        return cls(path.stem, path, re.search(r"^// expect: (.+)$", text, re.M).group(1).strip())
+
+
+CORPUS = [Hostile.load(p) for p in sorted(HOSTILE.glob("*.cpp"))]
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """The secret file (world-readable: only the jail hides it), a canary key in the environment,
+    a TCP listener on 127.0.0.1 and the zygote, whose pid the candidates aim at."""
+    SECRET_DIR.mkdir(exist_ok=True)
+    SECRET_DIR.chmod(0o755)
+    SECRET.write_text(f"{CANARY} sk-hostilecanary{CANARY[-16:]}\n")
+    SECRET.chmod(0o644)
+    OUTSIDE.unlink(missing_ok=True)
+    old_env = {k: os.environ.get(k) for k in ("KOPT_HOSTILE_CANARY", "OPENAI_API_KEY")}
+    os.environ.update(KOPT_HOSTILE_CANARY=CANARY, OPENAI_API_KEY=f"sk-{CANARY}")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    accepted: list[bytes] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(conn.recv(64))
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    zygote = spawn.ZygoteClient.shared()
+    yield {"port": listener.getsockname()[1], "accepted": accepted, "zygote": zygote}
+    listener.close()
+    shutil.rmtree(SECRET_DIR, ignore_errors=True)
+    for k, v in old_env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def compile_corpus(target: str, out: Path, planted: dict, entry: str) -> dict[str, Path]:
+    tc = detect_toolchain(target)
+    if tc is None:
+        pytest.skip(f"no compiler for {target}")
+    defines = [f"-DENTRY={entry}", f"-DTARGET_PID={planted['zygote'].proc.pid}", f"-DHOSTILE_PORT={planted['port']}",
+               f"-I{HOSTILE}", "-O1"]  # fmt: skip
+    libs, procs = {}, {}
+    for h in CORPUS:
+        src = h.path if target == "cpu" else shutil.copy(h.path, out / f"{h.name}.cu")
+        libs[h.name] = out / f"{h.name}.so"
+        procs[h.name] = subprocess.Popen(compile_command(tc, Path(src), libs[h.name], defines), stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT)  # fmt: skip
+    for name, proc in procs.items():
+        log, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{name}:\n{log.decode()}"
+    return libs
+
+
+def request(spec, target: str, **extra) -> ExecRequest:
+    return ExecRequest(
+        package=PackageRef(spec=spec, files=NO_ARTIFACT, baseline_sources={}), target=target, candidate_id="hostile",
+        library=NO_ARTIFACT, shapes=spec.shapes[target].test[:1], dtypes=spec.dtypes[:1], seed=3, timeout_s=120,
+        time_cap_s=0.2, **extra,
+    )  # fmt: skip
+
+
+def run_corpus(target: str, pkg: Path, libs: dict[str, Path]) -> dict[str, object]:
+    spec = load_spec(pkg)
+
+    async def one(h: Hostile, sem: asyncio.Semaphore):
+        async with sem:
+            if h.name == "raw_asm":  # the full path: static checks first, then the run
+                return await runner.run_test(request(spec, target, source=h.path.read_text(), sanitize=False),
+                                             libs[h.name], pkg, spec)  # fmt: skip
+            return await runner.run_harness("test", request(spec, target), libs[h.name], pkg, spec)
+
+    async def main():
+        sem = asyncio.Semaphore(2)
+        return dict(zip([h.name for h in CORPUS], await asyncio.gather(*(one(h, sem) for h in CORPUS))))
+
+    return asyncio.run(main())
+
+
+def nobody_processes() -> list[str]:
+    out = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and os.stat(f"/proc/{entry}").st_uid == jail.NOBODY:
+                out.append(Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
+        except OSError:
+            continue
+    return out
+
+
+def check_contained(results: dict[str, object], libs: dict[str, Path], hashes: dict[str, str], planted: dict):
+    for h in CORPUS:
+        r = results[h.name]
+        assert not r.correct, f"{h.name} was accepted"
+        assert h.expect in r.reason, f"{h.name}: {r.reason}"
+        assert "HOSTILE value" not in r.reason and "HOSTILE content" not in r.reason, f"{h.name}: {r.reason}"
+        assert CANARY not in r.reason + "".join(r.notes), f"{h.name} leaked the canary"
+    assert not OUTSIDE.exists(), "a candidate wrote outside its scratch"
+    assert SECRET.read_text().startswith(CANARY)
+    assert {n: hashlib.sha256(p.read_bytes()).hexdigest() for n, p in libs.items()} == hashes, "a library changed"
+    assert planted["accepted"] == [], "a candidate reached the TCP listener"
+    zygote = planted["zygote"]
+    assert zygote.proc.poll() is None and not zygote.dead, "the zygote died"
+    assert spawn.ZygoteClient.shared() is zygote
+    if os.geteuid() == 0:
+        assert nobody_processes() == [], "a sandboxed process outlived its job"
+
+
+def test_hostile_corpus_is_contained_on_cpu(tmp_path, planted):
+    libs = compile_corpus("cpu", tmp_path, planted, "kopt_scale2")
+    hashes = {n: hashlib.sha256(p.read_bytes()).hexdigest() for n, p in libs.items()}
+    results = run_corpus("cpu", SCALE2, libs)
+    check_contained(results, libs, hashes, planted)
+    assert results["raw_asm"].static_violations == []  # it got past the static checks; the jail held
+    assert "killed by the sandbox" in results["io_uring"].reason
+
+
+@pytest.mark.gpu
+def test_hostile_corpus_is_contained_on_cuda(tmp_path, planted):
+    spec = load_spec(SILU)
+    libs = compile_corpus("cuda", tmp_path, planted, spec.entry)
+    hashes = {n: hashlib.sha256(p.read_bytes()).hexdigest() for n, p in libs.items()}
+    results = run_corpus("cuda", SILU, libs)
+    check_contained(results, libs, hashes, planted)
+
+
+def test_the_jail_hides_the_host_and_holds_its_limits(tmp_path, planted):
+    """What a process in a harness jail sees: no host files, no other process, no network, no
+    privileges, hard limits, only its own environment."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    spec = jail.JailSpec(scratch=str(scratch), env={"PATH": "/usr/bin:/bin", "ONLY": "this"}, address_space_mb=4096)
+    probe = (
+        "import os,resource,socket,json;"
+        "print(json.dumps({'uid': os.getuid(), 'pids': sorted(p for p in os.listdir('/proc') if p.isdigit()),"
+        f"'secret': os.path.exists('{SECRET}'),"
+        "'env': dict(os.environ), 'as': resource.getrlimit(resource.RLIMIT_AS),"
+        "'cap': open('/proc/self/status').read().split('CapEff:')[1].split()[0],"
+        "'ifaces': sorted(os.listdir('/sys/class/net')), 'writable_usr': os.access('/usr', os.W_OK)}))"
+    )
+    out = subprocess.run(jail.command(spec, ["python3", "-c", probe]), capture_output=True, text=True,
+                         env=jail.launcher_env(), timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    seen = __import__("json").loads(out.stdout)
+    assert seen["pids"] == ["1", "2"], seen  # a PID namespace of its own: its init and itself
+    assert not seen["secret"] and not seen["writable_usr"]
+    assert {k: v for k, v in seen["env"].items() if k != "LC_CTYPE"} == {"PATH": "/usr/bin:/bin", "ONLY": "this"}
+    assert seen["as"] == [4096 << 20, 4096 << 20]  # hard
+    assert int(seen["cap"], 16) == 0
+    assert seen["ifaces"] == ["lo"]
+    if os.geteuid() == 0:
+        assert seen["uid"] == jail.NOBODY
+
+
+# ---------------------------------------------------------------- the compiler
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+@pytest.mark.parametrize(("flags", "prefix"), [
+    (["-Wa,@/tmp/kopt-hostile/secret.txt"], []),
+    (["-fdump-tree-original=/tmp/kopt-hostile/dump"], []),
+    (["-Xcompiler=-Wa,@/etc/shadow"], []),
+    (["--compiler-options=-include/tmp/kopt-hostile/secret.txt"], []),
+    (["-Xptxas", "-v"], []),
+    (["-O3"], ['#include "/tmp/kopt-hostile/secret.txt"']),
+    (["-O3"], ['#define F "/tmp/kopt-hostile/secret.txt"', "#include F"]),
+    (["-O3"], ['asm(".incbin \\"/tmp/kopt-hostile/secret.txt\\"");']),
+    (["-O3"], ['#if __has_include("/etc/shadow")', "#endif"]),
+    (["-O3"], ['_Pragma("GCC dependency \\"/etc/shadow\\"")']),
+], ids=["Wa-at-file", "fdump", "Xcompiler-Wa", "include-option", "Xptxas-next-item", "include-abs", "include-macro",
+        "incbin", "has_include", "pragma-dependency"])  # fmt: skip
+def test_compile_time_file_access_is_refused_before_the_compiler_runs(tmp_path, planted, target, flags, prefix):
+    tc = detect_toolchain(target)
+    if tc is None:
+        pytest.skip(f"no compiler for {target}")
+    base = (SILU / ("kernel.cpp" if target == "cpu" else "kernel.cu")).read_text()
+    out = asyncio.run(build.build(tc, "\n".join([*prefix, base]), tmp_path / "b", flags))
+    assert not out.ok and out.log.startswith("refused before compiling"), out.log
+    assert CANARY not in out.log
+    assert not (SECRET_DIR / "dump").exists() and not (tmp_path / "b" / "kernel.so").exists()
+
+
+def test_the_compiler_jail_holds_when_the_checks_are_bypassed(tmp_path, planted):
+    """The last line: g++ in its jail, given the hostile include and a dump path directly."""
+    tc = detect_toolchain("cpu")
+    work = tmp_path / "w"
+    work.mkdir()
+    src = work / "kernel.cpp"
+    src.write_text(f'#include "{SECRET}"\nint x;\n')
+    spec = build.compiler_jail(tc, work)
+    argv = build.compile_command(tc, src, work / "kernel.so", [f"-fdump-tree-original={SECRET_DIR}/dump"])
+    out = subprocess.run(jail.command(spec, argv), capture_output=True, text=True, env=jail.launcher_env(), timeout=120)
+    assert out.returncode != 0 and "No such file or directory" in out.stdout + out.stderr
+    assert CANARY not in out.stdout + out.stderr
+    assert not (SECRET_DIR / "dump").exists()
+    limits = subprocess.run(jail.command(spec, ["cat", "/proc/self/limits"]), capture_output=True, text=True,
+                            env=jail.launcher_env(), timeout=60).stdout  # fmt: skip
+    address = re.search(r"Max address space\s+(\d+)\s+(\d+)", limits).groups()
+    processes = re.search(r"Max processes\s+(\d+)\s+(\d+)", limits).groups()
+    assert address == (str(build.COMPILER_MEMORY_MB << 20),) * 2  # soft and hard: a cap the compiler cannot lift
+    assert processes == (str(build.COMPILER_PROCESSES),) * 2
+
+
+def test_compiler_logs_are_redacted(tmp_path, monkeypatch):
+    """A compile error that quotes a secret-shaped string (a key planted in the source) is redacted
+    in the log that goes to history and to the repair prompt."""
+    tc = detect_toolchain("cpu")
+    monkeypatch.setenv("KOPT_TEST_SOME_TOKEN", "tok-" + CANARY)
+    src = f'int x = "sk-{CANARY}" + tok-{CANARY};\n'
+    out = asyncio.run(build.build(tc, src, tmp_path / "r", ["-O2"]))
+    assert not out.ok and "error" in out.log
+    assert CANARY not in out.log and "[REDACTED]" in out.log
