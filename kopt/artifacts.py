@@ -78,8 +78,17 @@ class ArtifactStore:
             tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".unpack-"))
             with tarfile.open(fileobj=io.BytesIO(self.get_bytes(ref))) as tar:
                 tar.extractall(tmp, filter="data")
+            _readable_by_all(tmp)  # the sandboxed harness reads it as an unprivileged user
             try:
                 os.replace(tmp, dest)
             except OSError:  # another worker unpacked it first
                 shutil.rmtree(tmp, ignore_errors=True)
+        if dest.stat().st_mode & 0o005 != 0o005:  # unpacked by an older kopt, private
+            _readable_by_all(dest)
         return dest
+
+
+def _readable_by_all(folder: Path) -> None:
+    folder.chmod(0o755)
+    for path in folder.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)

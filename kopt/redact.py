@@ -26,7 +26,7 @@ _SHAPES = [
     re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=\-]{12,}"),
     re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)", re.S),
     re.compile(r"\b[a-z_][a-z0-9_-]*:\$[0-9a-z]{1,2}\$[^:\s]*:"),  # shadow(5) entries with a hash
-    re.compile(r"(?i)\b((?:api[_-]?key|secret|token|password)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;]{8,}"),
+    re.compile(r"(?i)\b((?:api[_-]?key|secret|token|password)[\"']?\s*[:=]\s*[\"']?)[^\s\"'\\,;]{8,}"),
 ]
 _known: set[str] = set()
 _lock = threading.Lock()
