@@ -2,12 +2,14 @@
 
     python -m gpu_worker.harness RESULT_FD      (job and key on stdin; see protocol.py)
 
-Order, each step before any candidate code is loaded:
+The child runs in its jail from its first instruction (kopt/jail.py: namespaces, a read-only view
+of the host, an unprivileged uid, hard limits, a minimal environment). Order, each step before any
+candidate code is loaded:
   1. read the per-job key and the job from stdin, then close stdin;
   2. move the result pipe to a private, close-on-exec descriptor and close the number it came on;
   3. import torch, set up the device and its stream, load the package reference, measure the copy
      bandwidth (profile);
-  4. apply the sandbox (rlimits, seccomp: see sandbox.py);
+  4. apply the in-process limits (a hard address-space cap, the seccomp allow-list: sandbox.py);
   5. load the baseline library, then the candidate library.
 Everything reported goes out as HMAC-authenticated frames (progress steps, then one result), so
 nothing the candidate writes to any descriptor can pass for a result. A Python error or a
@@ -98,7 +100,7 @@ def run_job(job: HarnessJob, channel: Channel):
         if job.sandbox:
             ctx.notes += sandbox.apply(job.target, job.memory_limit_mb)
         else:
-            ctx.notes.append("sandbox off for this job (compute-sanitizer run)")
+            ctx.notes.append("seccomp off for this job (compute-sanitizer run; the jail and its tool profile hold)")
         channel.progress("load libraries")
         ctx.load_kernels()
         if job.mode == "test":

@@ -47,7 +47,8 @@ def class_shapes(job: HarnessJob) -> list[Shape]:
 
 
 def sanitizer_job(job: HarnessJob, tool: str = "memcheck") -> HarnessJob:
-    """The sanitizer's job: one shape per class (with variants), one trial, no baseline, no sandbox.
+    """The sanitizer's job: one shape per class (with variants), one trial, no baseline, no seccomp
+    inside (the tool forks and execs; the jail and its tool profile hold it: kopt/jail.py).
     racecheck tracks every shared-memory access (minutes on a serving-size shape) and shared-memory
     races do not depend on the size class: it gets the declared test shapes only."""
     shapes = class_shapes(job) if tool == "memcheck" else list(job.shapes)
@@ -77,7 +78,9 @@ async def run(job: HarnessJob, req: ExecRequest, heartbeat) -> tuple[bool | None
     for name in tools:
         workdir = Path(tempfile.mkdtemp(prefix=f"kopt-{name}-"))
         try:
-            log_file = workdir / "sanitizer.log"
+            # In the jail's scratch (spawn.spawn's workdir/scratch): the only place the tool can write.
+            (workdir / "scratch").mkdir()
+            log_file = workdir / "scratch" / "sanitizer.log"
             # API errors are not counted: torch's own feature probes return some on purpose.
             prefix = [tool, "--tool", name, "--report-api-errors", "no", "--error-exitcode", str(ERROR_EXIT),
                       "--print-limit", str(PRINT_LIMIT), "--log-file", str(log_file)]  # fmt: skip

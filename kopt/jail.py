@@ -390,6 +390,22 @@ def main(argv: list[str]) -> None:
         os._exit(127)
 
 
+def probe() -> str | None:
+    """None when a jail can be built on this host, else why not (run once per worker process)."""
+    import subprocess
+    import tempfile
+
+    if disabled():
+        return f"sandbox off (KOPT_SANDBOX=off, {ESCAPE_HATCH}=1): candidates run with the worker's rights"
+    with tempfile.TemporaryDirectory(prefix="kopt-jail-probe-") as scratch:
+        try:
+            out = subprocess.run(command(JailSpec(scratch=scratch, env={"PATH": "/usr/bin:/bin"}), ["true"]),
+                                 capture_output=True, text=True, env=launcher_env(), timeout=60)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"the jail probe did not run: {exc}"
+    return None if out.returncode == 0 else (out.stderr.strip().splitlines() or ["no output"])[-1]
+
+
 def launcher_env() -> dict[str, str]:
     """The environment of `python -m kopt.jail` itself: enough to import kopt, nothing secret."""
     path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)

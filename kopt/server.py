@@ -101,8 +101,10 @@ def start_dev_server(db_file: Path, port: int = 7233, ui_port: int = 8233, headl
     for key, kind in SEARCH_ATTRIBUTES.items():
         cmd += ["--search-attribute", f"{key}={kind}"]
     out = open(log_file or db_file.with_suffix(".log"), "ab")
+    # The server gets no secret of ours: only what a Go program needs from the environment.
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR", "TZ")}
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     out.close()
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
+import structlog
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -14,10 +16,12 @@ from activities import agents as agent_activities
 from activities.build import BuildActivities
 from activities.execution import ExecActivities
 from gpu_worker.device import cpu_name
-from kopt import build, queues
+from kopt import build, jail, queues
 from kopt.artifacts import ArtifactStore
 from kopt.settings import Settings
 from workflows.optimize import OptimizeKernel
+
+log = structlog.get_logger(__name__)
 
 ROLES = ("workflows", "agents", "build", "exec")
 
@@ -33,7 +37,20 @@ class WorkerPlan:
     gpu_index: int | None = None
 
 
+def check_sandbox(plan: WorkerPlan) -> None:
+    """Build and exec workers run untrusted code only in a jail (kopt/jail.py): say so loudly when
+    this host cannot build one (every candidate will then fail with that reason)."""
+    if not ({"build", "exec"} & set(plan.roles)):
+        return
+    why = jail.probe()
+    if why:
+        log.error("sandbox_unavailable", reason=why, hint=f"candidates are refused unless {jail.ESCAPE_HATCH}=1 "
+                  "and KOPT_SANDBOX=off (no containment at all)")  # fmt: skip
+        print(f"kopt: WARNING: no sandbox for untrusted code on this host: {why}", file=sys.stderr)
+
+
 def make_workers(client: Client, settings: Settings, plan: WorkerPlan) -> list[Worker]:
+    check_sandbox(plan)
     store = ArtifactStore(settings.artifacts)
     workers: list[Worker] = []
     if "workflows" in plan.roles:
