@@ -1,7 +1,7 @@
 """Benchmark: `kopt optimize` (offline provider) on the three Astra kernels, on a GPU machine.
 
 For each package it runs a full optimization, then writes per-shape results (baseline time, best
-time, speedup, %SOL) against MEASUREMENT.md's reference numbers (FlashInfer and torch.compile,
+time, speedup, %SOL) against docs/measurement.md's reference numbers (FlashInfer and torch.compile,
 H100) into bench/results/astra-kernels-<gpu>-<timestamp>.json, and prints a table.
 
     python bench/astra_kernels.py [--rounds 12] [--kernels silu_and_mul,...] [--out DIR]
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 KERNELS = ["silu_and_mul", "fused_add_rmsnorm", "merge_attn_states_lse"]
-# MEASUREMENT.md, H100 cold-L2 medians in microseconds: (FlashInfer, torch.compile or None).
+# docs/measurement.md (reference numbers), H100 cold-L2 medians in microseconds: (FlashInfer, torch.compile or None).
 REFERENCE_H100 = {
     ("silu_and_mul", "T=512,D=14336", "bfloat16"): (23.1, 19.8),
     ("silu_and_mul", "T=4096,D=14336", "bfloat16"): (127.5, 120.5),
@@ -86,7 +86,7 @@ def run_kernel(kernel: str, rounds: int, gpu_class: str, out: Path, max_wall_tim
 
 async def cold_ab(kernel: str, best_source: Path, best_flags: list[str]) -> dict:
     """The best kernel against the package baseline once more, in cold-L2 mode at every bench shape
-    (the search may time small shapes in CUDA-graph mode; MEASUREMENT.md's references are cold)."""
+    (the search may time small shapes in CUDA-graph mode; docs/measurement.md's references are cold)."""
     from gpu_worker import runner
     from kopt.build import build, detect_toolchain
     from bench.noise_floor import request

@@ -55,7 +55,7 @@ DEFINE = r"^[ \t]*#define[ \t]+{name}[ \t]+(-?\d+)\b"
 ENTRY = {"silu_and_mul": "kopt_silu_and_mul", "fused_add_rmsnorm": "kopt_fused_add_rmsnorm",
          "merge_attn_states_lse": "kopt_merge_attn_states_lse"}
 TIMED_DTYPE = {"silu_and_mul": "bfloat16", "fused_add_rmsnorm": "bfloat16", "merge_attn_states_lse": "float16"}
-# Reference numbers of MEASUREMENT.md (H100, cold L2): FlashInfer and torch.compile, per bench shape.
+# Reference numbers of docs/measurement.md (H100, cold L2): FlashInfer and torch.compile, per bench shape.
 FLASHINFER = {"silu_and_mul": [23.1, 127.5, 476.6], "fused_add_rmsnorm": [17.5, 96.1, 363.8],
               "merge_attn_states_lse": [12.1, 19.6, 140.3]}
 TORCH_COMPILE_REF = {"silu_and_mul": [19.8, 120.5, 459.4], "fused_add_rmsnorm": [16.6, 93.7, 356.5],

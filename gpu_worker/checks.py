@@ -1,19 +1,21 @@
 """Correctness checks of one call: outputs against the reference, inputs and guards untouched.
 
-Order of the output checks (MEASUREMENT.md, correctness 3): never written (poison intact), NaN/Inf
+Order of the output checks (docs/measurement.md, correctness 3): never written (poison intact), NaN/Inf
 where the reference is finite, special values, bit-exact outputs, closeness under the package's
-per-dtype tolerance, then all zeros. The errors of every call are kept, so a group of calls can be
-held to the baseline's own error on the same inputs (calibrated bound, see `bound`).
+per-dtype tolerance, then all zeros. Each output is held to the tolerance of its own dtype, and its
+errors are kept apart from the other outputs', so a group of calls can hold every output to the
+baseline's own error on that output for the same inputs (calibrated bound, see `bound`).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 
 from gpu_worker.cases import SAME_SIZE_INT, Case, poison_mask
-from kopt.models import Tolerance
+from kopt.models import Argument, Tolerance
 
 FLOOR_REL = 2.0**-20  # calibration floor, relative to max |ref|: ~8 fp32 ulp, far below a 16-bit ulp
 FLOOR_ATOL = 1e-3  # and relative to the package's atol
@@ -34,6 +36,27 @@ class Errors:
         self.ref_max, self.seen = max(self.ref_max, ref_max), True
 
 
+ErrorsByOutput = dict[str, Errors]  # per output argument
+
+
+def errors_by_output() -> ErrorsByOutput:
+    return defaultdict(Errors)
+
+
+def total(errors: ErrorsByOutput) -> Errors:
+    """The errors of all outputs together (what a ShapeCheck reports)."""
+    out = Errors()
+    for e in errors.values():
+        if e.seen:
+            out.update(e.abs, e.rel, e.ref_max)
+    return out
+
+
+def output_tolerances(args: list[Argument], tolerances: dict[str, Tolerance], run_dtype: str) -> dict[str, Tolerance]:
+    """Each output's tolerance from its own dtype (a float32 output of a half run is held to float32)."""
+    return {a.name: tolerances[a.dtype or run_dtype] for a in args if a.role != "in"}
+
+
 def bound(baseline_abs: float, ref_max: float, tol: Tolerance) -> float:
     """The calibrated cap on a candidate's max |err|: 2x the baseline's, plus a tiny floor."""
     return BASELINE_FACTOR * baseline_abs + max(FLOOR_REL * ref_max, FLOOR_ATOL * tol.atol)
@@ -49,11 +72,14 @@ def _expected(want: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
     return want
 
 
-def check_outputs(case: Case, refs: dict[str, torch.Tensor], tol: Tolerance, errors: Errors) -> str | None:
-    """First failed output check of one call, or None; updates `errors` with this call's errors."""
+def check_outputs(case: Case, refs: dict[str, torch.Tensor], tols: dict[str, Tolerance], errors: ErrorsByOutput,
+                  ) -> str | None:  # fmt: skip
+    """First failed output check of one call, or None; updates `errors` (per output) with this call's
+    errors. `tols`: each output's tolerance (output_tolerances)."""
     for arg in case.args:
         if arg.role == "in":
             continue
+        tol = tols[arg.name]
         raw = case.tensors[arg.name]
         want = _expected(refs[arg.name], raw)
         got = raw.to(want.dtype)
@@ -73,7 +99,7 @@ def check_outputs(case: Case, refs: dict[str, torch.Tensor], tol: Tolerance, err
         scale = torch.where(finite, want.abs(), torch.zeros_like(want))
         if numel:
             rel = diff / scale.clamp_min(max(tol.atol, 1e-30))
-            errors.update(float(diff.max()), float(rel.max()), float(scale.max()))
+            errors[arg.name].update(float(diff.max()), float(rel.max()), float(scale.max()))
         if arg.exact:
             n = int((finite & (got != want)).sum())
             if n:

@@ -62,10 +62,21 @@ class Context:
 
     def load_kernels(self) -> None:
         """Baseline first (trusted), candidate last: nothing of ours runs after candidate code loads
-        that was not set up before it."""
+        that was not set up before it. A library whose loading leaves a thread behind fails: that
+        thread could work between the calls that are checked and timed (with the per-call check of
+        `call`, no thread of the candidate's runs between calls on the CPU target)."""
         if self.job.baseline_library:
-            self.baseline = Kernel(self.job.baseline_library, self.job.spec.entry, self.stream_handle, "baseline")
-        self.kernel = Kernel(self.job.library, self.job.spec.entry, self.stream_handle, "candidate")
+            self.baseline = self._load(self.job.baseline_library, "baseline")
+        self.kernel = self._load(self.job.library, "candidate")
+
+    def _load(self, library: str, role: str) -> Kernel:
+        before = _tasks()
+        kernel = Kernel(library, self.job.spec.entry, self.stream_handle, role)
+        started = _tasks() - before
+        if started > 0:
+            raise KernelFailure(f"{role}: started {started} thread(s) when its library loaded (code at load time "
+                                "runs outside the calls that are checked and timed)")  # fmt: skip
+        return kernel
 
     def sync(self, who: str = "candidate") -> None:
         """Wait for the harness stream only (work hidden on another stream is not waited for);

@@ -19,7 +19,7 @@ from kopt.models import KernelSpec, Shape
 # run on declared shapes under VARIANT_BUDGET (CPU kernels are single-threaded and slow).
 EDGE_BUDGET = {"cpu": 1 << 18, "cuda": 1 << 22}
 VARIANT_BUDGET = {"cpu": 1 << 20, "cuda": 1 << 26}
-SCALES = (0.01, 100.0)  # input scales of the scale variants (MEASUREMENT.md: varied scales)
+SCALES = (0.01, 100.0)  # input scales of the scale variants (docs/measurement.md, correctness 2)
 ROW_PAD = 8  # elements of padding per row in the strided variant (keeps 16-byte alignment)
 
 

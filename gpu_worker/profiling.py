@@ -20,7 +20,7 @@ from gpu_worker import device as devinfo
 from gpu_worker import stats, timing
 from gpu_worker.abi import Kernel, KernelFailure, error_message
 from gpu_worker.cases import Case, generate, reference, shapes_of
-from gpu_worker.checks import Errors, check_inputs, check_outputs
+from gpu_worker.checks import check_inputs, check_outputs, errors_by_output, output_tolerances
 from gpu_worker.context import Context, derive_seed
 from gpu_worker.nvml import Monitor
 from gpu_worker.plan import CaseSpec
@@ -84,7 +84,7 @@ class Rotation:
     def check(self, k: int, tol) -> str | None:
         slot = self.slots[k]
         refs = self.uniques[k % len(self.uniques)][1]
-        return check_inputs(slot) or check_outputs(slot, refs, tol, Errors())
+        return check_inputs(slot) or check_outputs(slot, refs, tol, errors_by_output())
 
     def capture(self, stream: int) -> None:
         for k in range(len(self.slots)):
@@ -189,7 +189,7 @@ def time_shape(
 ) -> tuple[Timed, Timed | None]:
     job = ctx.job
     args = job.spec.arguments
-    tol = job.tolerances[dtype]
+    tol = output_tolerances(args, job.tolerances, dtype)
     cs = CaseSpec(tuple(shape.dims.items()), dtype, "profile")
     shapes = shapes_of(args, shape.dims)
     kernels = [k for k in (ctx.baseline, ctx.kernel) if k is not None]  # baseline first: it picks the mode

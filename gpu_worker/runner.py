@@ -33,7 +33,7 @@ from kopt.models import ExecRequest, KernelSpec, Partial, ProfileResult, TestRes
 __all__ = ["DEFAULT_TOLERANCES", "HarnessJob", "PROGRESS_PREFIX", "run_harness", "run_profile", "run_test",
            "static_check"]
 
-# MEASUREMENT.md defaults when a package is silent about a dtype.
+# docs/measurement.md (correctness 1) defaults when a package is silent about a dtype.
 DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "float32": Tolerance(rtol=1.3e-6, atol=1e-5),
     "float16": Tolerance(rtol=1e-3, atol=1e-3),
@@ -45,7 +45,7 @@ _COPY_BANDWIDTH: dict[str, float] = {}  # target -> GB/s, from this worker's fir
 
 
 def tolerances_for(spec: KernelSpec) -> dict[str, Tolerance]:
-    """The package's per-dtype tolerances, MEASUREMENT.md defaults where it is silent."""
+    """The package's per-dtype tolerances, docs/measurement.md defaults where it is silent."""
     return {**DEFAULT_TOLERANCES, **spec.tolerances}
 
 

@@ -1,7 +1,7 @@
 """compute-sanitizer memcheck (and racecheck for kernels with shared memory) on a CUDA candidate.
 
 Runs the harness test mode once more under `compute-sanitizer --tool memcheck`, in a separate
-child, once per shape class (MEASUREMENT.md, correctness 5; racecheck over the declared test shapes
+child, once per shape class (docs/measurement.md, correctness 5; racecheck over the declared test shapes
 only, see sanitizer_job): every declared test shape (each stands
 for a class: tiny, odd-sized, mid, serving-size) with its variants (edge shapes, scales, the
 padded-row layout), plus the smallest bench shape larger than all of them, since kernels may

@@ -1,7 +1,7 @@
 """The cheat corpus (tests/cheats/): every known cheat is rejected, for the right reason.
 
 Each cheat source says what it does and what must catch it in its header:
-  // cheat:   what it does (MEASUREMENT.md's table of known cheats, plus crashes and hangs)
+  // cheat:   what it does (docs/measurement.md's table of known cheats, plus crashes and hangs)
   // expect:  substrings of the rejection reason, alternatives separated by " | "
   // layer:   runtime (test mode), profile (profile mode) or static (source/library checks only)
   // static:  (optional) what the static checks also say about it
@@ -28,7 +28,8 @@ from kopt.package import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 CHEATS = Path(__file__).resolve().parent / "cheats"
-PACKAGES = {"silu_and_mul": ROOT / "kernels" / "silu_and_mul", "scale2": Path(__file__).parent / "fixtures" / "scale2"}
+PACKAGES = {"silu_and_mul": ROOT / "kernels" / "silu_and_mul", "scale2": Path(__file__).parent / "fixtures" / "scale2",
+            "merge_attn_states_lse": ROOT / "kernels" / "merge_attn_states_lse"}
 NO_ARTIFACT = ArtifactRef(sha256="0" * 64, size=0, uri="file:///dev/null")
 HANG_TIMEOUT_S = 6.0
 PARALLEL = 2  # CI has 2 cores; each harness child is one busy process
