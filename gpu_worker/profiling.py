@@ -35,29 +35,76 @@ GRAPH_MIN_CALLS = 16
 GRAPH_L2_FACTOR = 3  # a graph's slots together hold this many L2s of data
 RANDOM_CHECKS = 8  # re-checks of a timed output at random block ends, per kernel and shape
 FINAL_CHECKS = 32  # graph slots re-checked after a poisoned replay
+PERTURB = 8  # input elements changed before each timed call in cold and CPU modes (Perturber)
+PERTURB_POOL = 4096  # rows of precomputed random positions, walked through call by call
 COPY_FLAG = 1.05  # above this fraction of the measured copy bandwidth: flagged for a second look
 HIDDEN_WORK_S = 5e-3  # device time the wall-clock cross-check aims for
 
 
+class Perturber:
+    """Changes PERTURB input elements of a slot, at positions and to values the kernel cannot predict,
+    before every timed call (outside the timed region): no timed call sees input contents an earlier
+    call saw, so an output replayed from a cache (keyed on pointers, on a sample of the values, or
+    on a call count) is wrong where the inputs changed, and the re-checks, which compute the
+    reference for the slot's inputs as they are, see it. Values come from another input set of the
+    same generator at the same positions, so they stay in the inputs' distribution."""
+
+    def __init__(self, ctx: Context, uniques: list[tuple[dict, dict]]) -> None:
+        self.uniques = uniques
+        self.calls = 0
+        gen = torch.Generator().manual_seed(random.SystemRandom().getrandbits(63))
+        self.pools = {}
+        for arg in ctx.job.spec.arguments:
+            numel = uniques[0][0][arg.name].numel() if arg.role != "out" else 0
+            if numel:
+                self.pools[arg.name] = torch.randint(numel, (PERTURB_POOL, PERTURB), generator=gen).to(ctx.device)
+
+    def apply(self, slot: Case, unique: int) -> None:
+        donor = self.uniques[(unique + 1) % len(self.uniques)][0]
+        row = self.calls % PERTURB_POOL
+        self.calls += 1
+        for arg in slot.args:
+            if arg.name not in self.pools:
+                continue
+            idx = self.pools[arg.name][row]
+            values = donor[arg.name].view(-1)[idx]
+            slot.pristine[arg.name].view(-1)[idx] = values
+            if arg.role == "in":  # inout arguments are restored from the pristine copy by refresh()
+                slot.tensors[arg.name].view(-1)[idx] = values
+
+
 class Rotation:
-    """One kernel's slots over the unique input sets; calls rotate through the slots."""
+    """One kernel's slots over the unique input sets; calls rotate through the slots.
+
+    `perturb` (cold and CPU modes): every slot has its own copy of its inputs, changed a little
+    before each call (Perturber); a check of a slot then compares with the reference computed for
+    its inputs as they are."""
 
     def __init__(self, ctx: Context, kernel: Kernel, uniques: list[tuple[dict, dict]], cs: CaseSpec, slots: int,
-                 share: Rotation | None = None):  # fmt: skip
+                 share: Rotation | None = None, perturb: bool = False):  # fmt: skip
         self.ctx, self.kernel = ctx, kernel
         self.uniques = uniques  # (pristine, refs) per unique input set
         dev = ctx.device.type
+        args = ctx.job.spec.arguments
+        self.shapes = shapes_of(args, cs.dim_map)
+
+        def inputs(k: int) -> dict:
+            pristine = uniques[k % len(uniques)][0]
+            return {n: t.clone() for n, t in pristine.items()} if perturb else pristine
+
         # `share`: time on the same buffers as another kernel (A/B), so that where the allocator put
         # each side's buffers cannot tilt the ratio; every call re-poisons its slot first anyway.
-        self.slots = share.slots if share is not None else [
-            Case(ctx.job.spec.arguments, uniques[k % len(uniques)][0], cs, dev, guards=False) for k in range(slots)
-        ]  # fmt: skip
+        # Guard zones as in the test step: a kernel cannot tell timing from testing by its buffers.
+        self.slots = share.slots if share is not None else [Case(args, inputs(k), cs, dev) for k in range(slots)]
         self.writers: list[str | None] = share.writers if share is not None else [None] * len(self.slots)
+        self.perturber = share.perturber if share is not None else (Perturber(ctx, uniques) if perturb else None)
         self.order = itertools.cycle(range(slots))
         self.cur = 0
 
     def before(self) -> None:
         self.cur = next(self.order)
+        if self.perturber is not None:
+            self.perturber.apply(self.slots[self.cur], self.cur)
         self.slots[self.cur].refresh()
 
     def call(self, stream: int | None = None) -> None:
@@ -83,7 +130,10 @@ class Rotation:
 
     def check(self, k: int, tol) -> str | None:
         slot = self.slots[k]
-        refs = self.uniques[k % len(self.uniques)][1]
+        if self.perturber is not None:  # the reference of the slot's inputs as they are now
+            refs = reference(self.ctx.ref, slot.args, slot.pristine, self.shapes)
+        else:
+            refs = self.uniques[k % len(self.uniques)][1]
         return check_inputs(slot) or check_outputs(slot, refs, tol, errors_by_output())
 
     def capture(self, stream: int) -> None:
@@ -209,7 +259,7 @@ def time_shape(
     sets = uniques(n_sets)
     rotations: list[Rotation] = []
     for k in kernels:
-        rotations.append(Rotation(ctx, k, sets, cs, n_sets, share=rotations[0] if rotations else None))
+        rotations.append(Rotation(ctx, k, sets, cs, n_sets, share=rotations[0] if rotations else None, perturb=True))
     for rot in rotations:
         timing.warmup(rot.warm_call, lambda r=rot: ctx.sync(r.kernel.role))
     cap = job.time_cap_s or timing.TIME_CAP_S[job.target]
