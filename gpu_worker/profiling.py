@@ -212,7 +212,8 @@ def _run_profile(ctx: Context, copy_bw: float) -> ProfileResult:
             result.timings.append(timing_)
             shape_ab = None
             if base is not None:
-                r = stats.ratio_of_medians(list(base.stats.values), list(st.values), seed=len(ratios))
+                r = stats.ratio_of_medians(list(base.stats.values), list(st.values), seed=len(ratios),
+                                           base_blocks=base.stats.blocks, cand_blocks=st.blocks)  # fmt: skip
                 ratios.append(r)
                 shape_ab = ShapeAB(
                     shape=shape.label, dtype=dtype, mode=cand.mode, baseline_us=base.stats.median_us,

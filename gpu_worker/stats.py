@@ -1,8 +1,10 @@
-"""Bootstrap confidence intervals of speedups: ratio of medians per shape, geomean over shapes.
+"""Confidence intervals of speedups: per shape from pairs of blocks, geomean over shapes.
 
-Samples of the two sides are resampled independently (with replacement); each replicate gives a
-ratio of medians per shape, and the same replicate index across shapes gives one geomean, so the
-geomean's interval carries every shape's uncertainty. torch is used for speed (no numpy needed).
+The two sides are sampled in alternating blocks; the speedup and its interval come from pairs of
+neighbouring blocks (paired_blocks), so drift between blocks shows in the interval. Each shape's
+ratio gets replicates (Student's t over the pairs), and the same replicate index across shapes
+gives one geomean, so the geomean's interval carries every shape's uncertainty. torch is used for
+speed (no numpy needed).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 REPLICATES = 2000
 CONFIDENCE = 0.95
 MAX_RESAMPLED = 2000  # samples per side fed to the bootstrap (evenly thinned beyond this)
+UNKNOWN_SPREAD = 1.0  # log-ratio spread assumed when a single block pair was timed
 
 
 @dataclass(frozen=True)
@@ -55,9 +58,56 @@ def _interval(reps: torch.Tensor, confidence: float) -> tuple[float, float]:
     return float(q[0]), float(q[1])
 
 
+def _split(xs: list[float], sizes: tuple[int, ...] | list[int]) -> list[list[float]]:
+    out, at = [], 0
+    for n in sizes:
+        out.append(xs[at : at + n])
+        at += n
+    return out
+
+
+def _student_t(df: int, reps: int, gen: torch.Generator) -> torch.Tensor:
+    """`reps` draws of Student's t with `df` degrees of freedom (normal beyond 60)."""
+    z = torch.randn(reps, generator=gen, dtype=torch.float64)
+    if df > 60:
+        return z
+    chi2 = torch.randn(reps, df, generator=gen, dtype=torch.float64).pow(2).sum(dim=1)
+    return z / (chi2 / df).sqrt()
+
+
+def paired_blocks(
+    baseline: list[float], base_blocks: tuple[int, ...], candidate: list[float], cand_blocks: tuple[int, ...],
+    seed: int = 0, reps: int = REPLICATES, confidence: float = CONFIDENCE,
+) -> Ratio:  # fmt: skip
+    """The speedup from pairs of blocks: the i-th block of each side was taken next to the other in
+    time (A B B A ...), so d_i = log(median(A_i) / median(B_i)) compares the two under the same
+    conditions, and the machine's drift between blocks (load, clocks, caches) cancels in d_i and
+    shows in their spread. Speedup = exp(mean d_i); its interval is Student's t over the pairs, so few
+    pairs or drifting ones give a wide interval rather than a confident wrong one (a bootstrap of
+    single samples, treating them as independent, hides the drift)."""
+    a = [statistics.median(x) for x in _split(baseline, base_blocks) if x]
+    b = [statistics.median(x) for x in _split(candidate, cand_blocks) if x]
+    d = [math.log(x / y) for x, y in zip(a, b) if x > 0 and y > 0]
+    gen = torch.Generator().manual_seed(seed)
+    mean = statistics.fmean(d)
+    if len(d) < 2:  # one pair says nothing about the spread: an interval that decides nothing
+        logs = mean + UNKNOWN_SPREAD * torch.randn(reps, generator=gen, dtype=torch.float64)
+    else:
+        logs = mean + statistics.stdev(d) / math.sqrt(len(d)) * _student_t(len(d) - 1, reps, gen)
+    ratios = logs.exp()
+    low, high = _interval(ratios, confidence)
+    return Ratio(math.exp(mean), low, high, ratios)
+
+
 def ratio_of_medians(
-    baseline: list[float], candidate: list[float], seed: int = 0, reps: int = REPLICATES, confidence: float = CONFIDENCE
-) -> Ratio:
+    baseline: list[float], candidate: list[float], seed: int = 0, reps: int = REPLICATES, confidence: float = CONFIDENCE,
+    base_blocks: tuple[int, ...] = (), cand_blocks: tuple[int, ...] = (),
+) -> Ratio:  # fmt: skip
+    """baseline / candidate with a 95 % interval: from pairs of blocks when the block structure is
+    known (paired_blocks, what the harness uses), else median over median with a bootstrap of
+    single samples."""
+    if base_blocks and cand_blocks:
+        return paired_blocks(baseline, base_blocks, candidate, cand_blocks, seed, reps, confidence)
     gen = torch.Generator().manual_seed(seed)
     b, c = _thin(baseline), _thin(candidate)
     point = float(b.median() / c.median())

@@ -51,6 +51,7 @@ class Stats:
     rse: float
     dropped: int = 0  # samples dropped as throttled
     values: tuple[float, ...] = ()
+    blocks: tuple[int, ...] = ()  # sizes of the consecutive blocks `values` was taken in
 
 
 def percentile(sorted_xs: list[float], q: float) -> float:
@@ -63,11 +64,12 @@ def percentile(sorted_xs: list[float], q: float) -> float:
     return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
 
 
-def summarize(xs: list[float], dropped: int = 0) -> Stats:
+def summarize(xs: list[float], dropped: int = 0, blocks: list[int] | None = None) -> Stats:
     s = sorted(xs)
     mean = statistics.fmean(s)
     rse = statistics.stdev(s) / math.sqrt(len(s)) / mean if len(s) > 1 and mean > 0 else math.inf
-    return Stats(statistics.median(s), percentile(s, 10), percentile(s, 90), len(s), rse, dropped, tuple(xs))
+    return Stats(statistics.median(s), percentile(s, 10), percentile(s, 90), len(s), rse, dropped, tuple(xs),
+                 tuple(blocks or ()))  # fmt: skip
 
 
 def warmup(call: Callable[[], None], sync: Callable[[], None]) -> None:
@@ -87,10 +89,13 @@ class _Running:
 
     def __init__(self) -> None:
         self.xs: list[float] = []
+        self.blocks: list[int] = []
         self.mean = self.m2 = 0.0
         self.dropped = 0
 
     def add(self, batch: list[float]) -> None:
+        if batch:
+            self.blocks.append(len(batch))
         for x in batch:
             self.xs.append(x)
             delta = x - self.mean
@@ -145,14 +150,16 @@ def sample(
         if all(s.done(min_samples, rse_target) for s in sides):
             break
         elapsed = time.perf_counter() - start
-        if elapsed >= time_cap_s and all(len(s.xs) >= 3 for s in sides):
+        # At the cap: 3 samples of a lone kernel, 3 blocks of each side of an A/B (its interval is
+        # built from block pairs, and 2 pairs say little).
+        if elapsed >= time_cap_s and all((len(s.blocks) if ab else len(s.xs)) >= 3 for s in sides):
             break
         if elapsed >= 3 * time_cap_s:
             for s, t in zip(sides, kept_throttled):
                 if len(s.xs) < 3:
                     s.add(t.xs)  # nothing clean to report: report what there is, flagged by `dropped`
             break
-    return [summarize(s.xs, s.dropped) for s in sides]
+    return [summarize(s.xs, s.dropped, s.blocks) for s in sides]
 
 
 # ---------------------------------------------------------------- per-target measurers
