@@ -134,7 +134,9 @@ def _locked_flags(path: str) -> int:
 
 
 def _bind(src: str, root: str, writable: bool = False, dev: bool = False) -> None:
-    """Bind `src` at the same path under `root`, read-only unless `writable` (sub-mounts not included)."""
+    """Bind `src` at the same path under `root`, read-only unless `writable`. Read-only directories
+    come with their sub-mounts (a container's driver libraries are often mounted under /usr), each
+    made read-only too; the writable scratch comes alone."""
     dst = root + src
     if os.path.isdir(src):
         os.makedirs(dst, exist_ok=True)
@@ -142,11 +144,28 @@ def _bind(src: str, root: str, writable: bool = False, dev: bool = False) -> Non
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         if not os.path.exists(dst):
             open(dst, "w").close()
-    _mount(src, dst, None, MS_BIND)
-    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | _locked_flags(src) | (0 if writable else MS_RDONLY)
-    if not dev:
-        flags |= MS_NODEV
-    _mount(None, dst, None, flags)
+    recursive = os.path.isdir(src) and not writable  # the scratch holds the jail's own root: never recursive
+    _mount(src, dst, None, MS_BIND | (MS_REC if recursive else 0))
+    for target in _mounts_under(dst) if recursive else [dst]:
+        flags = MS_REMOUNT | MS_BIND | MS_NOSUID | _locked_flags(target) | (0 if writable else MS_RDONLY)
+        if not dev:
+            flags |= MS_NODEV
+        try:
+            _mount(None, target, None, flags)
+        except JailError:
+            if target == dst:
+                raise  # a sub-mount that refuses (locked in a user namespace) keeps its own flags
+
+
+def _mounts_under(path: str) -> list[str]:
+    """`path` and the mount points below it, from /proc/self/mountinfo (octal escapes decoded)."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].encode().decode("unicode_escape")
+            if point == path or point.startswith(path.rstrip("/") + "/"):
+                out.append(point)
+    return sorted(set(out), key=len) or [path]
 
 
 def _show(path: str, root: str) -> None:

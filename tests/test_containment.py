@@ -86,7 +86,8 @@ def planted(tmp_path_factory):
 
     threading.Thread(target=accept, daemon=True).start()
     zygote = spawn.ZygoteClient.shared()
-    yield {"port": listener.getsockname()[1], "accepted": accepted, "zygote": zygote}
+    yield {"port": listener.getsockname()[1], "accepted": accepted, "zygote": zygote,
+           "jailed_before": set(jailed_processes())}
     listener.close()
     shutil.rmtree(SECRET_DIR, ignore_errors=True)
     for k, v in old_env.items():
@@ -139,12 +140,13 @@ def run_corpus(target: str, pkg: Path, libs: dict[str, Path]) -> dict[str, objec
     return asyncio.run(main())
 
 
-def nobody_processes() -> list[str]:
-    out = []
+def jailed_processes() -> dict[int, str]:
+    """Processes of the sandbox's uid (65534 when the tests run as root), by pid."""
+    out = {}
     for entry in os.listdir("/proc"):
         try:
             if entry.isdigit() and os.stat(f"/proc/{entry}").st_uid == jail.NOBODY:
-                out.append(Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
+                out[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
         except OSError:
             continue
     return out
@@ -165,7 +167,9 @@ def check_contained(results: dict[str, object], libs: dict[str, Path], hashes: d
     assert zygote.proc.poll() is None and not zygote.dead, "the zygote died"
     assert spawn.ZygoteClient.shared() is zygote
     if os.geteuid() == 0:
-        assert nobody_processes() == [], "a sandboxed process outlived its job"
+        # (another test session running on the same machine at the same time would show here too)
+        left = {p: c for p, c in jailed_processes().items() if p not in planted["jailed_before"]}
+        assert left == {}, "a sandboxed process outlived its job"
 
 
 def test_hostile_corpus_is_contained_on_cpu(tmp_path, planted):
