@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import time
 import uuid
 
@@ -73,7 +74,11 @@ def test_two_hundred_rounds_in_small_segments(temporal_server, tmp_path):
         per_round.update({r: n for r, n in inner.items() if 0 < r < last})  # not a segment's start or end
     first, last = min(per_round), max(per_round)
     full = min(r for r in per_round if r > PLAN_WINDOW)  # the first round after the window filled
-    growth = (per_round[last] - per_round[full]) / (last - full)
+    # Growth per round: the least-squares slope over every round after the window filled (two single
+    # rounds would also measure whatever one of them happened to carry, a retried activity say).
+    xs = [r for r in per_round if r >= full]
+    mx, my = statistics.fmean(xs), statistics.fmean(per_round[r] for r in xs)
+    growth = sum((r - mx) * (per_round[r] - my) for r in xs) / sum((r - mx) ** 2 for r in xs)
     print(f"\n{ROUNDS} rounds in {elapsed:.0f} s; {len(sizes)} segments of {[s // 1024 for s in sizes]} KiB; "
           f"history added by round {first}: {per_round[first] / 1024:.1f} KiB, round {full}: "
           f"{per_round[full] / 1024:.1f} KiB, round {last}: {per_round[last] / 1024:.1f} KiB "
