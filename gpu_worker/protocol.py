@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from kopt.models import DType, KernelSpec, Partial, Shape, Target, TimingMode, Tolerance
 
-HARNESS_VERSION = "3"  # bump when checks or timing change what a result means
+HARNESS_VERSION = "4"  # bump when checks or timing change what a result means
 PROGRESS_PREFIX = "kopt-harness: "  # the child also logs each step on stderr, for humans
 KEY_BYTES = 32
 FRAME_LIMIT = 32 << 20  # bytes of frames in all; more is garbage, not a result

@@ -27,8 +27,8 @@ from gpu_worker.protocol import PROGRESS_PREFIX, HarnessJob, new_key
 from gpu_worker.sandbox import FSIZE_LIMIT, SIGSYS_REASON
 from gpu_worker.spawn import HEARTBEAT_S, Heartbeat, Outcome  # noqa: F401 - HEARTBEAT_S: tests tune it
 from kopt import jail
-from kopt.redact import redact, redact_lines
 from kopt.models import ExecRequest, KernelSpec, Partial, ProfileResult, TestResult, Tolerance
+from kopt.redact import redact, redact_lines
 
 __all__ = ["DEFAULT_TOLERANCES", "HarnessJob", "PROGRESS_PREFIX", "run_harness", "run_profile", "run_test",
            "static_check"]
