@@ -276,3 +276,28 @@ def test_compiler_logs_are_redacted(tmp_path, monkeypatch):
     out = asyncio.run(build.build(tc, src, tmp_path / "r", ["-O2"]))
     assert not out.ok and "error" in out.log
     assert CANARY not in out.log and "[REDACTED]" in out.log
+
+
+# ---------------------------------------------------------------- hosts without namespaces
+
+
+def test_no_jail_no_candidate(monkeypatch):
+    """A child whose jail could not be built ran nothing: its result says so; the escape hatch needs
+    both variables, and the probe reports either state."""
+    from gpu_worker.protocol import FrameReader
+
+    spec = load_spec(SCALE2)
+    job = runner._job("test", request(spec, "cpu"), SCALE2 / "kernel.cpp", SCALE2, spec, None)
+    log = "kopt-jail: cannot create namespaces: Operation not permitted (user namespaces disabled?)\n"
+    out = spawn.Outcome(returncode=jail.SETUP_FAILED, timed_out=False, timeout_s=5, frames=FrameReader(key=b"k"),
+                        log=log, leftover=False)  # fmt: skip
+    result = runner.interpret(job, out)
+    assert not result.correct
+    assert result.reason.startswith("sandbox unavailable, candidate not run: cannot create namespaces")
+    assert jail.ESCAPE_HATCH in result.reason
+
+    assert jail.probe() is None  # this host builds jails
+    monkeypatch.setenv("KOPT_SANDBOX", "off")
+    assert not jail.disabled() and jail.probe() is None  # not without the second variable
+    monkeypatch.setenv(jail.ESCAPE_HATCH, "1")
+    assert jail.disabled() and "sandbox off" in jail.probe()
