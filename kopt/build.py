@@ -58,6 +58,59 @@ FILE_READS = [
 ]  # fmt: skip
 
 
+ASM = re.compile(r"\b(?:asm|__asm__|__asm)\b(?:\s|volatile\b|__volatile__\b|goto\b|inline\b)*\(")
+STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+
+
+def _normalized(source: str) -> str:
+    """The text the preprocessor sees for our purposes: line splices joined, the trigraph and the
+    digraph for '#' spelled as '#', comments removed (string literals kept)."""
+    text = source.replace("\\\r\n", "").replace("\\\n", "").replace("??=", "#").replace("%:", "#")
+    out, i, n = [], 0, len(text)
+    while i < n:
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            out.append(" ")
+            i = n if j < 0 else j + 2
+        elif text[i] in "\"'":
+            j = i + 1
+            while j < n and text[j] != text[i] and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i : j + 1])
+            i = j + 1
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def asm_problems(text: str) -> list[str]:
+    """Inline assembly whose template is not plain string literals, or that names an assembler
+    directive reading a file (.include, .incbin), once adjacent literals are joined."""
+    problems = []
+    for m in ASM.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        depth, j = 1, m.end()
+        while j < len(text) and depth and not (depth == 1 and text[j] == ":"):
+            if text[j] == '"':
+                lit = STRING.match(text, j)
+                j = lit.end() if lit else j + 1
+                continue
+            depth += {"(": 1, ")": -1}.get(text[j], 0)
+            j += 1
+        template = text[m.end() : j if depth == 0 or text[j - 1 : j] != ")" else j - 1].rstrip(")")
+        literals = STRING.findall(template)
+        if STRING.sub("", template).strip():
+            problems.append(f"line {line}: an asm template that is not plain string literals (a macro?)")
+        joined = "".join(lit[1:-1] for lit in literals).lower()
+        if ".inc" in joined:
+            problems.append(f"line {line}: inline assembly that makes the assembler read a file (.include, .incbin)")
+    return problems
+
+
 def include_problems(source: str) -> list[str]:
     """Includes off the allow-list, or not a plain <name>/"name" (a macro, a path), line by line."""
     problems = []
@@ -77,10 +130,11 @@ def include_problems(source: str) -> list[str]:
 def source_problems(source: str) -> list[str]:
     """What must not reach the compiler at all: includes off the allow-list and file reads through
     the preprocessor or the assembler. Checked before any compiler runs."""
-    problems = include_problems(source)
+    text = _normalized(source)  # line numbers count spliced lines as one
+    problems = include_problems(text) + asm_problems(text)
     for pattern, what in FILE_READS:
-        for m in pattern.finditer(source):
-            problems.append(f"line {source.count(chr(10), 0, m.start()) + 1}: {what}")
+        for m in pattern.finditer(text):
+            problems.append(f"line {text.count(chr(10), 0, m.start()) + 1}: {what}")
     return problems
 
 
