@@ -1,8 +1,8 @@
 """What a test job checks: declared shapes, derived edge shapes and input variants (no torch).
 
 Every declared shape and dtype gets `trials` seeded trials plus one trial per input scale; the
-package's declared test shapes also yield edge shapes (all symbols 1, one symbol at a time 1,
-every symbol a prime near its value) and one padded-row layout, each kept cheap by an element
+package's declared test shapes also yield edge shapes (all symbols 1, one symbol at a time 1 and
+every value 2..8, every symbol a prime near its value) and one padded-row layout, each kept cheap by an element
 budget. Variants are enforced only where they apply: where the baseline passes them, or, without
 a baseline, where the candidate accepts the shape (see correctness.py).
 """
@@ -21,6 +21,7 @@ EDGE_BUDGET = {"cpu": 1 << 18, "cuda": 1 << 22}
 VARIANT_BUDGET = {"cpu": 1 << 20, "cuda": 1 << 26}
 SCALES = (0.01, 100.0)  # input scales of the scale variants (docs/measurement.md, correctness 2)
 ROW_PAD = 8  # elements of padding per row in the strided variant (keeps 16-byte alignment)
+SMALL_SIZES = 8  # edge shapes set each symbol to every value 2..SMALL_SIZES (one vector of 8 halves)
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,9 @@ def label(dims: dict[str, int]) -> str:
 
 
 def edge_shapes(spec: KernelSpec, declared: list[Shape], target: str) -> list[dict[str, int]]:
-    """Edge shapes derived from the declared ones: all ones, one symbol at a time set to 1 (1 row),
-    and every symbol a prime near its value; valid, under the budget, not already declared."""
+    """Edge shapes derived from the declared ones: all ones, one symbol at a time set to 1 (1 row)
+    and to every value 2..SMALL_SIZES, and every symbol a prime near its value; valid, under the
+    budget, not already declared."""
     syms = symbols(spec)
     budget = EDGE_BUDGET.get(target, EDGE_BUDGET["cuda"])
     fitting = [s.dims for s in declared if valid(spec, s.dims) and elements(spec, s.dims) <= budget]
@@ -123,6 +125,12 @@ def edge_shapes(spec: KernelSpec, declared: list[Shape], target: str) -> list[di
     for s in syms:
         if base[s] > 1:
             add({**base, s: 1})
+    # Every small size up to one vector width, one symbol at a time: a shortcut or a dropped tail
+    # that shows only at some remainders (2, 4 or 6 rows of a kernel that works in 8s) is met.
+    for s in syms:
+        for v in range(2, SMALL_SIZES + 1):
+            if v < base[s]:
+                add({**base, s: v})
     primes = {s: prime_at_most(v) if v > 2 else v for s, v in base.items()}
     if primes in seen:
         primes = {s: next_prime(v) for s, v in base.items()}

@@ -86,8 +86,9 @@ def test_scale2_fixture_is_a_valid_package(scale2):
 def test_edge_shapes_come_from_the_declared_ones():
     spec = load_spec(SILU)
     edges = plan.edge_shapes(spec, spec.shapes["cpu"].test, "cpu")
-    # all ones, one symbol at a time 1 (on the largest declared shape under the budget), primes
-    assert edges == [{"T": 1, "D": 1}, {"T": 1, "D": 1000}, {"T": 7, "D": 1}, {"T": 7, "D": 997}]
+    # all ones, one symbol at a time 1 and then 2..8 (on the largest declared shape under the budget), primes
+    small = [{"T": t, "D": 1000} for t in range(2, 7)] + [{"T": 7, "D": d} for d in range(2, 9)]
+    assert edges == [{"T": 1, "D": 1}, {"T": 1, "D": 1000}, {"T": 7, "D": 1}, *small, {"T": 7, "D": 997}]
     assert all(plan.elements(spec, e) <= plan.EDGE_BUDGET["cpu"] for e in edges)
     groups = plan.test_plan(spec, "cpu", spec.shapes["cpu"].test, ["float16"], 2, True, False)
     assert [g.variant for g in groups[:3]] == ["", "x0.01", "x100"] and len(groups[0].cases) == 2
