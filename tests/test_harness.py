@@ -169,8 +169,9 @@ def test_baseline_passes(libs, scale2):
     req = request(scale2, "test", ["float32", "float16"], source=source)
     result = asyncio.run(runner.run_test(req, libs["scale2"], SCALE2, scale2, baseline=libs["scale2"]))
     assert result.correct, result.reason
-    # 3 shapes x 2 dtypes declared; variants: x0.01 and x100 of each, plus one prime edge shape x 2 dtypes
-    assert len(result.checks) == 3 * 2 and len(result.variant_checks) == 3 * 2 * 2 + 2
+    # 3 shapes x 2 dtypes declared; variants: x0.01 and x100 of each, plus edge shapes x 2 dtypes: one prime
+    # and N = 2..8
+    assert len(result.checks) == 3 * 2 and len(result.variant_checks) == 3 * 2 * 2 + (1 + 7) * 2
     checks = result.checks + result.variant_checks
     assert all(c.ok and not c.skipped and c.max_abs_err == 0.0 for c in checks)  # 2*x is exact
     assert all(c.baseline_max_abs_err == 0.0 and c.error_bound is not None for c in checks)
