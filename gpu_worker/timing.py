@@ -36,6 +36,7 @@ TIME_CAP_S = {"cpu": 2.0, "cuda": 1.5}  # per shape and dtype and kernel, sampli
 WARMUP_S = 0.025
 WARMUP_CALLS = 10
 BATCH = 10  # samples per block (one synchronize per block on CUDA)
+AB_MIN_BLOCKS = 6  # blocks a side an A/B takes before its time cap may end it (3x the cap ends it anyway)
 GRAPH_BELOW_US = 20.0  # auto mode: graph mode when a cold call takes less than this
 
 # A measurer takes a sample count and returns that many per-call times in microseconds.
@@ -150,9 +151,10 @@ def sample(
         if all(s.done(min_samples, rse_target) for s in sides):
             break
         elapsed = time.perf_counter() - start
-        # At the cap: 3 samples of a lone kernel, 3 blocks of each side of an A/B (its interval is
-        # built from block pairs, and 2 pairs say little).
-        if elapsed >= time_cap_s and all((len(s.blocks) if ab else len(s.xs)) >= 3 for s in sides):
+        # At the cap: 3 samples of a lone kernel, AB_MIN_BLOCKS blocks of each side of an A/B (its
+        # interval is built from block pairs: a few of them can agree by chance on a busy machine).
+        enough = [len(s.blocks) >= AB_MIN_BLOCKS if ab else len(s.xs) >= 3 for s in sides]
+        if elapsed >= time_cap_s and all(enough):
             break
         if elapsed >= 3 * time_cap_s:
             for s, t in zip(sides, kept_throttled):
