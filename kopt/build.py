@@ -101,7 +101,7 @@ def asm_problems(text: str) -> list[str]:
                 continue
             depth += {"(": 1, ")": -1}.get(text[j], 0)
             j += 1
-        template = text[m.end() : j if depth == 0 or text[j - 1 : j] != ")" else j - 1].rstrip(")")
+        template = text[m.end() : j - 1 if depth == 0 else j]  # up to the closing ")" or the first ":"
         literals = STRING.findall(template)
         if STRING.sub("", template).strip():
             problems.append(f"line {line}: an asm template that is not plain string literals (a macro?)")
