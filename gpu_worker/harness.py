@@ -89,6 +89,10 @@ def run_job(job: HarnessJob, channel: Channel):
     from gpu_worker import sandbox, timing
     from gpu_worker.context import Context
 
+    # One host thread: torch's intra-op pool, on a loaded machine, makes every host op (refresh,
+    # perturb, re-check) wait for a descheduled worker thread; under one CPU hog on 2 cores that cut
+    # the A/B samples in a 0.5 s cap from ~1500 to ~50 a side (docs/measurement.md, A/B).
+    torch.set_num_threads(1)
     with torch.no_grad():
         channel.progress("setup")
         ctx = Context(job, channel.progress)

@@ -226,9 +226,10 @@ def _run_profile(ctx: Context, copy_bw: float) -> ProfileResult:
         ctx.notes.append(f"resumed: {resumed} shape(s) timed by an earlier attempt of this job were not timed again")
     if ratios:
         g, lo, hi = stats.geomean_interval(ratios)
+        floor = max(job.noise_floor, stats.MIN_NOISE_FLOOR[job.target])
         result.ab = ABResult(
             baseline_id=job.baseline_id, per_shape=per_shape, speedup_geomean=g, ci_low=lo, ci_high=hi,
-            noise_floor=job.noise_floor, verdict=stats.verdict(lo, hi, job.noise_floor),
+            noise_floor=floor, verdict=stats.verdict(lo, hi, floor),
         )  # fmt: skip
     if not result.timings:
         result.ok, result.reason = False, "nothing to profile: no shapes or no dtypes"

@@ -19,6 +19,13 @@ REPLICATES = 2000
 CONFIDENCE = 0.95
 MAX_RESAMPLED = 2000  # samples per side fed to the bootstrap (evenly thinned beyond this)
 UNKNOWN_SPREAD = 1.0  # log-ratio spread assumed when a single block pair was timed
+SEGMENTS = 8  # stretches of consecutive block pairs whose means must agree (drift over the run)
+# The smallest speedup a verdict believes, per target, whatever the interval says: the same code
+# timed against itself is off by this much from one run to the next (placement of buffers and code,
+# which side ran after which re-check), an offset constant within a run that no interval over that
+# run's pairs can see. Measured: CPU (2-core EPYC VM) A/A points within about +-1.5 %; H100 self A/B
+# within +-0.2 % (bench/results/noise_floor-*). docs/measurement.md, A/B.
+MIN_NOISE_FLOOR = {"cpu": 0.01, "cuda": 0.005}
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,11 @@ def _interval(reps: torch.Tensor, confidence: float) -> tuple[float, float]:
     return float(q[0]), float(q[1])
 
 
+def _width(logs: torch.Tensor, confidence: float) -> float:
+    low, high = _interval(logs, confidence)
+    return high - low
+
+
 def _split(xs: list[float], sizes: tuple[int, ...] | list[int]) -> list[list[float]]:
     out, at = [], 0
     for n in sizes:
@@ -84,7 +96,10 @@ def paired_blocks(
     conditions, and the machine's drift between blocks (load, clocks, caches) cancels in d_i and
     shows in their spread. Speedup = exp(mean d_i); its interval is Student's t over the pairs, so few
     pairs or drifting ones give a wide interval rather than a confident wrong one (a bootstrap of
-    single samples, treating them as independent, hides the drift)."""
+    single samples, treating them as independent, hides the drift). With many pairs, the means of
+    SEGMENTS consecutive stretches are a second estimate (Student's t over them): when the pairs'
+    difference drifts during the run, the stretches disagree more than the pairs' spread predicts,
+    and the wider of the two intervals is the one reported."""
     a = [statistics.median(x) for x in _split(baseline, base_blocks) if x]
     b = [statistics.median(x) for x in _split(candidate, cand_blocks) if x]
     d = [math.log(x / y) for x, y in zip(a, b) if x > 0 and y > 0]
@@ -94,6 +109,12 @@ def paired_blocks(
         logs = mean + UNKNOWN_SPREAD * torch.randn(reps, generator=gen, dtype=torch.float64)
     else:
         logs = mean + statistics.stdev(d) / math.sqrt(len(d)) * _student_t(len(d) - 1, reps, gen)
+        if len(d) >= 2 * SEGMENTS:  # drift: stretches of the run that disagree widen the interval
+            n = len(d)
+            seg = [statistics.fmean(d[k * n // SEGMENTS : (k + 1) * n // SEGMENTS]) for k in range(SEGMENTS)]
+            by_seg = mean + statistics.stdev(seg) / math.sqrt(SEGMENTS) * _student_t(SEGMENTS - 1, reps, gen)
+            if _width(by_seg, confidence) > _width(logs, confidence):
+                logs = by_seg
     ratios = logs.exp()
     low, high = _interval(ratios, confidence)
     return Ratio(math.exp(mean), low, high, ratios)

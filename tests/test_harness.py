@@ -161,6 +161,27 @@ def test_bootstrap_interval_covers_the_true_ratio():
     assert stats.verdict(r.low, r.high, 0.01) == "faster" and stats.verdict(0.98, 1.03, 0.0) == "same"
 
 
+def test_pairs_that_drift_during_the_run_widen_the_interval():
+    """A/A pairs whose difference wanders (first half +3 %, second half -3 %: the machine's state
+    changed between them) must not give the tight interval their within-pair spread suggests."""
+    import random
+
+    from gpu_worker import stats
+
+    rng = random.Random(2)
+    blocks = [10] * 64
+    base, cand = [], []
+    for k in range(64):
+        shift = 1.03 if k < 32 else 0.97
+        base += [10.0 * rng.lognormvariate(0, 0.002) for _ in range(10)]
+        cand += [10.0 / shift * rng.lognormvariate(0, 0.002) for _ in range(10)]
+    drift = stats.paired_blocks(base, tuple(blocks), cand, tuple(blocks))
+    assert drift.low < 0.98 and drift.high > 1.02  # the stretches disagree: wide
+    steady = stats.paired_blocks(base[:320], tuple(blocks[:32]), cand[:320], tuple(blocks[:32]))
+    assert 1.025 < steady.low < steady.high < 1.035  # one stretch alone: tight around its 3 %
+    assert stats.MIN_NOISE_FLOOR["cpu"] >= 0.01 and stats.verdict(1.005, 1.02, stats.MIN_NOISE_FLOOR["cpu"]) == "same"
+
+
 # ---------------------------------------------------------------- harness runs
 
 
