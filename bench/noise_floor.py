@@ -2,9 +2,9 @@
 
 1. The package baseline timed against itself in one interleaved A/B run over its bench shapes:
    the 95% interval of the self-ratio per shape is the noise floor a speedup must clear
-   (docs/measurement.md, timing 5-6; ExecRequest.noise_floor).
+   (docs/measurement.md, timing 6-7; ExecRequest.noise_floor).
 2. A pure copy kernel (tests/fixtures/copy) over its bench shapes: its %SOL against the measured
-   copy bandwidth should approach 100% for large shapes on a GPU (docs/measurement.md, timing 8).
+   copy bandwidth should approach 100% for large shapes on a GPU (docs/measurement.md, timing 10).
 3. Harness overhead: wall seconds of a full test + profile of one candidate (the baseline, with the
    baseline loaded beside it, as `kopt evaluate` does) over the package's test and bench shapes.
 

@@ -7,6 +7,8 @@ import os
 
 import torch
 
+from gpu_worker.kernel_host import KoptTensor  # noqa: F401 - one definition, torch-free
+
 KOPT_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3, torch.int32: 4, torch.int64: 5}
 KOPT_ERRORS = {1: "KOPT_ERR_ARGS", 2: "KOPT_ERR_DTYPE", 3: "KOPT_ERR_SHAPE", 4: "KOPT_ERR_LAUNCH"}
 UNSUPPORTED = (1, 2, 3)  # codes that say "this kernel does not take these arguments", not "I broke"
@@ -16,23 +18,12 @@ class KernelFailure(Exception):
     """The candidate failed in a way that ends the job; the message is the reason."""
 
 
-class KoptTensor(ctypes.Structure):
-    """kopt_tensor of kernels/kopt_abi.h."""
-
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("dtype", ctypes.c_int32),
-        ("ndim", ctypes.c_int32),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("strides", ctypes.POINTER(ctypes.c_int64)),
-    ]
-
-
 class Packed:
     """The argument array of one call, built once so the timed region holds only the call."""
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
         self.n = len(tensors)
+        self.tensors = tensors  # kept alive with the array of their pointers
         self.array = (KoptTensor * self.n)()
         self._keep = []  # shape/stride arrays must outlive the calls
         for i, t in enumerate(tensors):

@@ -1,11 +1,14 @@
 """What a harness job loads once: device and stream, the reference module, the kernels.
 
 The order matters (see harness.py): device, reference and copy bandwidth first (trusted code),
-then the sandbox, then the baseline library, then the candidate library last.
+then the libraries, then the judge's own sandbox. On the CPU target each library loads in a kernel
+host of its own (remote.py), never in this process; on CUDA (not split yet) the baseline, then the
+candidate load here, after the sandbox.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.util
 import json
@@ -17,10 +20,12 @@ from types import ModuleType
 
 import torch
 
+from gpu_worker import cases
 from gpu_worker.abi import Kernel, KernelFailure, Packed
 from gpu_worker.device import cpu_name
 from gpu_worker.nvml import Nvml
-from gpu_worker.protocol import HarnessJob
+from gpu_worker.protocol import HarnessJob, arena_bytes
+from gpu_worker.remote import Arena, Hosts, RemoteKernel
 from kopt.models import Partial
 
 
@@ -53,23 +58,40 @@ class Context:
             self.device_name = cpu_name()
             self.stream = None
         self.ref = load_reference(Path(job.package_dir))
-        self.kernel: Kernel | None = None
-        self.baseline: Kernel | None = None
+        self.kernel: Kernel | RemoteKernel | None = None
+        self.baseline: Kernel | RemoteKernel | None = None
+        self.arena: Arena | None = None
+        self.hosts = Hosts()  # the kernel hosts (CPU): round-trip clock and idle check
+        if not self.cuda:
+            pin_to_one_cpu()  # the kernel hosts inherit it
+            self.arena = Arena(arena_bytes(job.memory_limit_mb))
+            cases.ARENA = self.arena
+
+    @property
+    def remote(self) -> bool:
+        """The kernels run in kernel hosts (CPU target), not in this process."""
+        return self.arena is not None
 
     @property
     def stream_handle(self) -> int | None:
         return self.stream.cuda_stream if self.stream is not None else None
 
     def load_kernels(self) -> None:
-        """Baseline first (trusted), candidate last: nothing of ours runs after candidate code loads
-        that was not set up before it. A library whose loading leaves a thread behind fails: that
-        thread could work between the calls that are checked and timed (with the per-call check of
-        `call`, no thread of the candidate's runs between calls on the CPU target)."""
+        """Baseline first, candidate last. CPU: each in a kernel host of its own, whose seccomp
+        profile allows no threads (nothing of the library runs between calls). CUDA: in this process,
+        and a library whose loading leaves a thread behind fails."""
         if self.job.baseline_library:
             self.baseline = self._load(self.job.baseline_library, "baseline")
         self.kernel = self._load(self.job.library, "candidate")
 
-    def _load(self, library: str, role: str) -> Kernel:
+    def close(self) -> None:
+        for k in (self.kernel, self.baseline):
+            if isinstance(k, RemoteKernel):
+                k.close()
+
+    def _load(self, library: str, role: str) -> Kernel | RemoteKernel:
+        if self.arena is not None:
+            return RemoteKernel(library, self.job.spec.entry, role, self.arena, self.job.memory_limit_mb, self.hosts)
         before = _tasks()
         kernel = Kernel(library, self.job.spec.entry, self.stream_handle, role)
         started = _tasks() - before
@@ -94,20 +116,25 @@ class Context:
             except RuntimeError as exc:
                 raise KernelFailure(f"{who}: {cuda_error(exc)}") from None
 
-    def call(self, kernel: Kernel, packed: Packed) -> int:
-        """One synchronous call. On CPU, threads the kernel leaves running fail it: work done
-        after the call returns escapes both the checks and the timing."""
-        before = _tasks() if not self.cuda else 0
+    def call(self, kernel: Kernel | RemoteKernel, packed: Packed) -> int:
+        """One synchronous call. No thread of a kernel runs after it returns: on CPU the kernel host
+        cannot create one (seccomp), on CUDA a library that started one at load was refused."""
         rc = kernel(packed)
         self.sync(kernel.role)
-        if not self.cuda:
-            after = _tasks()
-            if after > before:
-                raise KernelFailure(
-                    f"{kernel.role}: left {after - before} thread(s) running after it returned "
-                    "(kernels must not create threads; work after the call escapes checks and timing)"
-                )
         return rc
+
+
+def pin_to_one_cpu() -> None:
+    """CPU target: the judge and its kernel hosts share the CPU the judge runs on. Every call is then
+    a switch between two processes on one core (its caches hot, as a call in one process had them),
+    the same for both sides of an A/B, instead of a wake-up on whichever core each host happened to
+    be on (which moved from block to block and between the two hosts)."""
+    try:
+        cpu = ctypes.CDLL(None).sched_getcpu()
+        if cpu >= 0 and cpu in os.sched_getaffinity(0):
+            os.sched_setaffinity(0, {cpu})
+    except (OSError, AttributeError):
+        pass
 
 
 def cuda_error(exc: BaseException) -> str:

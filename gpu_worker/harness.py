@@ -1,20 +1,24 @@
-"""The isolated harness child: load one candidate library, then check it or time it.
+"""The harness child, the judge: check or time one candidate library against the reference.
 
     python -m gpu_worker.harness RESULT_FD      (job and key on stdin; see protocol.py)
 
 The child runs in its jail from its first instruction (kopt/jail.py: namespaces, a read-only view
-of the host, an unprivileged uid, hard limits, a minimal environment). Order, each step before any
-candidate code is loaded:
-  1. read the per-job key and the job from stdin, then close stdin;
+of the host, an unprivileged uid, hard limits, a minimal environment). Order:
+  1. read the per-job key and the job from stdin, then close stdin; make this process
+     non-dumpable (no other process of the same uid can read its memory);
   2. move the result pipe to a private, close-on-exec descriptor and close the number it came on;
   3. import torch, set up the device and its stream, load the package reference, measure the copy
      bandwidth (profile);
-  4. apply the in-process limits (a hard address-space cap, the seccomp allow-list: sandbox.py);
-  5. load the baseline library, then the candidate library.
+  4. CPU: start one kernel host per library (remote.py, kernel_host.py): a fresh interpreter
+     without torch that maps the shared buffer arena, seccomps itself (no threads) and loads only
+     that library. The judge never loads candidate code: the key, the references, the checks, the
+     clock and the verdict stay out of the candidate's reach (docs/decisions/0014-...);
+  5. apply this process's limits (a hard address-space cap, the seccomp allow-list: sandbox.py);
+  6. CUDA (not split yet): load the baseline library, then the candidate library, here.
 Everything reported goes out as HMAC-authenticated frames (progress steps, then one result), so
-nothing the candidate writes to any descriptor can pass for a result. A Python error or a
-candidate failure is a result too; a crash, hang or exit() ends the process and the parent
-reports that instead, naming the last authenticated step.
+nothing a kernel writes to any descriptor can pass for a result. A Python error or a candidate
+failure is a result too; a crash, hang or exit() of a kernel host is reported by the judge, one of
+this process by the parent, naming the last authenticated step.
 """
 
 from __future__ import annotations
@@ -87,6 +91,8 @@ def run_job(job: HarnessJob, channel: Channel):
     import torch
 
     from gpu_worker import sandbox, timing
+
+    _not_dumpable()
     from gpu_worker.context import Context
 
     # One host thread: torch's intra-op pool, on a loaded machine, makes every host op (refresh,
@@ -101,19 +107,34 @@ def run_job(job: HarnessJob, channel: Channel):
         if job.mode == "profile" and copy_bw is None:
             channel.progress("profile copy bandwidth")
             copy_bw = timing.cuda_copy_bandwidth(ctx.device) if ctx.cuda else timing.cpu_copy_bandwidth()
+        if ctx.remote:  # CPU: the libraries load in kernel hosts, started before this process's seccomp
+            channel.progress("load libraries")
+            ctx.load_kernels()
         if job.sandbox:
             ctx.notes += sandbox.apply(job.target, job.memory_limit_mb)
         else:
             ctx.notes.append("seccomp off for this job (compute-sanitizer run; the jail and its tool profile hold)")
-        channel.progress("load libraries")
-        ctx.load_kernels()
-        if job.mode == "test":
-            from gpu_worker.correctness import run_test
+        if not ctx.remote:
+            channel.progress("load libraries")
+            ctx.load_kernels()
+        try:
+            if job.mode == "test":
+                from gpu_worker.correctness import run_test
 
-            return run_test(ctx)
-        from gpu_worker.profiling import run_profile
+                return run_test(ctx)
+            from gpu_worker.profiling import run_profile
 
-        return run_profile(ctx, copy_bw)
+            return run_profile(ctx, copy_bw)
+        finally:
+            ctx.close()
+
+
+def _not_dumpable() -> None:
+    """Kernel hosts run as the same uid: without this they could open /proc/<judge>/mem or read its
+    environment and descriptors (their seccomp kills ptrace and cross-process memory calls too)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
 
 
 def failed(job: HarnessJob | None, reason: str):

@@ -1,6 +1,6 @@
 """Read-only NVML through ctypes (pynvml may be missing): clocks, temperature, slowdown reasons.
 
-kopt never changes clocks, power limits or any other device setting (docs/measurement.md, timing 7);
+kopt never changes clocks, power limits or any other device setting (docs/measurement.md, timing 9);
 it only reads them around each timed block, so samples taken during a thermal or power slowdown
 can be dropped and counted. Everything degrades to "unknown" when NVML is not there.
 """

@@ -281,8 +281,8 @@ def time_shape(
                 mode = "cold"
             else:
                 measures = [g.measure for g in graphs]
-    else:
-        measures = [timing.cpu_measure(r.call, r.before) for r in rotations]
+    else:  # CPU: the kernels run in kernel hosts
+        measures = [timing.remote_measure(r.call, r.before, r.kernel, ctx.hosts) for r in rotations]
 
     checks_left = [RANDOM_CHECKS] * len(rotations)
     rng = random.SystemRandom()

@@ -58,6 +58,20 @@ class HarnessJob(BaseModel):
     copy_bandwidth_gbs: float | None = None
 
 
+# How the judge words the death of a kernel host (remote.py); the parent then adds the log's tail
+# (what the kernel printed) to the reason, as it does when the harness itself dies.
+HOST_DEATHS = ("crashed: ", "killed by the sandbox: ", "killed: wrote more than", "kernel process exited")
+
+
+def host_death(reason: str | None) -> bool:
+    return bool(reason) and reason.removeprefix("baseline: ").startswith(HOST_DEATHS)
+
+
+def arena_bytes(memory_limit_mb: int) -> int:
+    """The CPU judge's shared buffer arena (remote.Arena): half the job's memory limit, sparse."""
+    return max(memory_limit_mb, 256) << 19
+
+
 def new_key() -> bytes:
     return secrets.token_bytes(KEY_BYTES)
 

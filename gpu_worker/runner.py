@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from gpu_worker import sanitizer, spawn, static_checks
 from gpu_worker.device import cpu_name
-from gpu_worker.protocol import PROGRESS_PREFIX, HarnessJob, new_key
+from gpu_worker.protocol import PROGRESS_PREFIX, HarnessJob, host_death, new_key
 from gpu_worker.sandbox import FSIZE_LIMIT, SIGSYS_REASON
 from gpu_worker.spawn import HEARTBEAT_S, Heartbeat, Outcome  # noqa: F401 - HEARTBEAT_S: tests tune it
 from kopt import jail
@@ -196,6 +196,8 @@ def _interpret(job: HarnessJob, out: Outcome) -> TestResult | ProfileResult:
     except ValidationError as exc:
         return failed(job, f"harness produced no valid result: {exc.errors()[0]['msg']}{where}")
     result.candidate_id = job.candidate_id
+    if host_death(result.reason) and tail.strip():
+        result.reason = f"{result.reason}\n{tail}"
     return result
 
 

@@ -33,7 +33,7 @@ def _vm_size() -> int:
     return 0
 
 
-def apply(target: str, memory_limit_mb: int, use_seccomp: bool = True) -> list[str]:
+def apply(target: str, memory_limit_mb: int, use_seccomp: bool = True, profile: seccomp.Profile = "harness") -> list[str]:
     """Apply every limit; returns notes on what could not be applied (never raises)."""
     notes = []
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it, so a flood would only spin on EFBIG
@@ -47,7 +47,7 @@ def apply(target: str, memory_limit_mb: int, use_seccomp: bool = True) -> list[s
             resource.setrlimit(limit, (value, value))  # hard: the candidate cannot raise it back
         except (ValueError, OSError) as exc:
             notes.append(f"setrlimit {limit}: {exc}")
-    why = seccomp.install("harness") if use_seccomp else "seccomp off for this job"
+    why = seccomp.install(profile) if use_seccomp else "seccomp off for this job"
     if why:
         notes.append(why)
     return notes

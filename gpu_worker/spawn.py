@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_worker.protocol import FrameReader, HarnessJob, encode_stdin
+from gpu_worker.protocol import FrameReader, HarnessJob, arena_bytes, encode_stdin
 from kopt import jail
 from kopt.procs import kill_group
 
@@ -72,8 +72,12 @@ def jail_spec(job: HarnessJob, scratch: Path) -> jail.JailSpec:
     """The sandbox of one harness child: the job's libraries and package read-only, `scratch` the
     only writable place, the GPU's device nodes for CUDA jobs."""
     paths = [job.library, job.package_dir, *([job.baseline_library] if job.baseline_library else [])]
+    # CPU: the judge sizes its shared buffer arena (a memfd: RLIMIT_FSIZE counts it) before it lowers
+    # the limit to sandbox.FSIZE_LIMIT, as every kernel host does before its library loads.
+    fsize = jail.JailSpec.file_size_mb + (arena_bytes(job.memory_limit_mb) >> 20 if job.target == "cpu" else 0)
     return jail.JailSpec(scratch=str(scratch), read_only=tuple(paths), env=harness_env(str(scratch)),
-                         gpu=job.target == "cuda")  # fmt: skip
+                         gpu=job.target == "cuda", file_size_mb=fsize)  # fmt: skip
+
 
 
 async def spawn(

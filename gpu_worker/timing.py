@@ -4,7 +4,8 @@ Runs inside the harness subprocess (imports torch). `sample` takes one measurer 
 or two (baseline and candidate, A/B): blocks alternate A B B A ... in the same process, each
 block bracketed by NVML readings so blocks taken during a thermal/power slowdown are dropped and
 counted. Measurers:
-  cpu_measure    wall clock around one call (CPU caches not flushed: mode "hot-cpu")
+  remote_measure the judge's clock around one call's round trip to its kernel host, less the no-op
+                 round trip (the CPU target; caches not flushed: mode "hot-cpu")
   cuda_measure   cold L2: a 2x-L2 buffer overwritten before each event-timed call (mode "cold")
   GraphTimer     a CUDA graph of many back-to-back calls over rotating inputs larger than L2,
                  event-timed per replay, reported per call (mode "graph")
@@ -167,17 +168,27 @@ def sample(
 # ---------------------------------------------------------------- per-target measurers
 
 
-def cpu_measure(call: Callable[[], None], before: Callable[[], None]) -> Measure:
-    """Wall clock around each call; `before` (outside the timed region) rotates and re-poisons."""
+PINGS_PER_BLOCK = 3  # no-op round trips to the kernel host before each block (remote_measure)
+MIN_REMOTE_US = 0.01  # floor of a remote sample (a call faster than the round trip's jitter)
+
+
+def remote_measure(call: Callable[[], None], before: Callable[[], None], kernel, hosts) -> Measure:
+    """CPU kernels in a kernel host: the judge's own clock around each call's round trip (kernel.
+    last_rt_ns) minus the median no-op round trip (hosts: remote.Hosts, topped up before each block).
+    Nothing the host reports is believed; `before` (outside the timed region) runs in the judge,
+    and over the block no host may use CPU outside this kernel's calls (Hosts.check_idle)."""
 
     def measure(n: int) -> list[float]:
+        hosts.calibrate(kernel, PINGS_PER_BLOCK)
+        overhead = hosts.overhead_us
         out = []
+        cpu_before, calls_ns = hosts.cpu(), 0
         for _ in range(n):
             before()
-            t0 = time.perf_counter_ns()
             call()
-            t1 = time.perf_counter_ns()
-            out.append((t1 - t0) / 1e3)
+            calls_ns += kernel.last_rt_ns
+            out.append(max(kernel.last_rt_ns / 1e3 - overhead, MIN_REMOTE_US))
+        hosts.check_idle(cpu_before, kernel, calls_ns, n)
         return out
 
     return measure

@@ -8,6 +8,11 @@ Two profiles (docs/decisions/0011-trust-boundary.md):
   mount, namespaces, bpf, keys, perf, modules, cross-process memory). Threads may be created
   (torch and the CUDA runtime need them); signals reach only the process itself; rlimits can be
   read, never set; sockets only of the AF_UNIX family (there is no network in the sandbox anyway).
+- `host`: the kernel host (gpu_worker/kernel_host.py), the process that loads one kernel library.
+  The harness profile without threads (clone of any kind kills it), without timers that deliver
+  signals and without leaving the CPU the judge pinned it to, so no code of the library runs
+  between the calls the judge makes: the host shares one core with the judge, which is busy
+  between calls (and a loop that keeps running after its reply shows in the host's CPU time).
 - `tool`: compilers and compute-sanitizer, which fork and exec. A deny-list (EPERM) of the same
   dangerous calls; the namespaces around the tool are what contain it.
 
@@ -22,7 +27,7 @@ import os
 import platform
 from typing import Literal
 
-Profile = Literal["harness", "tool"]
+Profile = Literal["harness", "host", "tool"]
 
 # BPF opcodes and seccomp return values
 _LD_W_ABS, _JEQ, _JSET, _JGE, _JA, _RET = 0x20, 0x15, 0x45, 0x35, 0x05, 0x06
@@ -130,10 +135,12 @@ HARNESS_ALLOWED = (
 # so the filter costs them a few instructions rather than a walk down the whole list.
 HOT = ("futex", "sched_yield", "read", "write", "mmap", "munmap", "madvise", "mprotect", "ioctl", "clock_gettime",
        "getpid", "gettid", "poll", "ppoll", "nanosleep", "clock_nanosleep", "rt_sigprocmask", "brk", "close")  # fmt: skip
+HOST_DENIED = ("setitimer", "alarm", "timer_create", "timer_settime", "sched_setaffinity")
 SIGNALS = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")  # arg 0: the target process
 
 KILLED_REASON = (
-    "a forbidden system call (fork, exec, ptrace, io_uring, mount, namespaces, bpf, keys, cross-process memory)"
+    "a forbidden system call (fork, exec, threads in a kernel, ptrace, io_uring, mount, namespaces, bpf, keys, "
+    "cross-process memory)"
 )
 
 
@@ -158,7 +165,8 @@ def _program(profile: Profile, arch: str, pid: int) -> list[tuple[int, int, int,
     """The filter as (code, jt, jf, k). Jumps name a terminal ("allow", "kill", "eperm", "enosys") or
     a local label; a terminal name resolves to the next block of terminals after the jump."""
     audit, _, nr = _ARCHES[arch]
-    allow_list = profile == "harness" and arch == "x86_64"
+    contained = profile in ("harness", "host")
+    allow_list = contained and arch == "x86_64"
     default = "eperm" if allow_list else "allow"
     body: list[tuple] = []
 
@@ -170,12 +178,16 @@ def _program(profile: Profile, arch: str, pid: int) -> list[tuple[int, int, int,
     special: list[tuple[str, list[tuple]]] = [("clone3", [(_RET, 0, 0, _ERRNO | _ENOSYS)])]  # glibc falls back
     if profile == "harness":
         special.append(("clone", [(_LD_W_ABS, 0, 0, _arg(0)), (_JSET, "allow", "kill", _CLONE_THREAD)]))
+    if contained:
         special += [(name, own_pid(0)) for name in SIGNALS]
         special.append(("prlimit64", [(_LD_W_ABS, 0, 0, _arg(2)), (_JEQ, 0, "eperm", 0),
                                       (_LD_W_ABS, 0, 0, _arg(2, True)), (_JEQ, "allow", "eperm", 0)]))  # fmt: skip
     special.append(("socket", [(_LD_W_ABS, 0, 0, _arg(0)), (_JEQ, "allow", "eperm", _AF_UNIX)]))
     plain: list[tuple[str, str]] = [(name, "kill") for name in DANGEROUS]
-    if profile == "harness":
+    if profile == "host":  # no threads, and no timer signals whose handlers would run between calls
+        plain.append(("clone", "kill"))
+        plain += [(name, "eperm") for name in HOST_DENIED]
+    if contained:
         plain += [(name, "kill") for name in PROCESS_STARTS]
         plain += [(name, "eperm") for name in ("setrlimit", "tkill", "pidfd_send_signal", "pidfd_open")]
         if allow_list:

@@ -3,7 +3,9 @@
 Each cheat source says what it does and what must catch it in its header:
   // cheat:   what it does (docs/measurement.md's table of known cheats, plus crashes and hangs)
   // expect:  substrings of the rejection reason, alternatives separated by " | "
-  // layer:   runtime (test mode), profile (profile mode) or static (source/library checks only)
+  // layer:   runtime (test mode), profile (profile mode), static (source/library checks only) or ab
+  //          (profile mode against the package baseline: whatever it does, it must not come out
+  //          "faster"; expect is then "not faster")
   // static:  (optional) what the static checks also say about it
   // package: (optional) scale2; default silu_and_mul
 Runtime cheats run through the harness alone (no static checks), so each test shows that the
@@ -95,7 +97,7 @@ def compile_all(target: str, sources: dict[str, Path], out: Path) -> dict[str, P
 async def run_cheat(cheat: Cheat, lib: Path, baseline: Path, target: str, sem: asyncio.Semaphore):
     pkg = PACKAGES[cheat.package]
     spec = load_spec(pkg)
-    mode = "profile" if cheat.layer == "profile" else "test"
+    mode = "profile" if cheat.layer in ("profile", "ab") else "test"
     timeout = HANG_TIMEOUT_S if cheat.name == "hang" else 120.0
     req = request(spec, target, "bench" if mode == "profile" else "test", timeout)
     async with sem:
@@ -164,7 +166,15 @@ def cpu_outcomes(cpu_libs) -> dict[str, object]:
     return asyncio.run(main())
 
 
-@pytest.mark.parametrize("cheat", [c for c in CPU_CHEATS if c.layer != "static"], ids=lambda c: c.name)
+@pytest.mark.parametrize("cheat", [c for c in CPU_CHEATS if c.layer == "ab"], ids=lambda c: c.name)
+def test_cpu_cheat_gains_nothing_against_the_baseline(cpu_outcomes, cheat):
+    result = cpu_outcomes[cheat.name]
+    assert result.ab is not None or not result.ok, result
+    if result.ok:
+        assert result.ab.verdict != "faster" and result.ab.speedup_geomean < 1.5, result.ab
+
+
+@pytest.mark.parametrize("cheat", [c for c in CPU_CHEATS if c.layer not in ("static", "ab")], ids=lambda c: c.name)
 def test_cpu_cheat_is_rejected(cpu_outcomes, cheat):
     result = cpu_outcomes[cheat.name]
     ok = result.correct if cheat.layer != "profile" else result.ok

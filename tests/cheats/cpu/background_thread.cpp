@@ -1,5 +1,5 @@
 // cheat: work on another thread: a persistent worker thread does the work after the call returns
-// expect: thread(s) running
+// expect: killed by the sandbox
 // layer: runtime
 // static: creates a thread
 #include <cmath>

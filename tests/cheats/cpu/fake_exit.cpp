@@ -1,5 +1,5 @@
 // cheat: harness tampering: prints a fake passing result on stdout, then exit(0)
-// expect: without an authenticated result
+// expect: exited with code 0 without answering
 // layer: runtime
 // static: controls the process
 #include <cmath>

@@ -1,5 +1,5 @@
 // cheat: harness tampering: writes a fake passing result to every file descriptor from 3 up
-// expect: result channel tampered
+// expect: broke the kernel host's protocol
 // layer: runtime
 // static: includes <unistd.h>
 #include <cmath>

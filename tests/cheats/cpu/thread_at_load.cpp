@@ -1,5 +1,5 @@
 // cheat: a thread started at library load (a static object's constructor) works between the calls
-// expect: thread(s) when its library loaded
+// expect: killed by the sandbox
 // layer: runtime
 // static: creates a thread
 #include <atomic>

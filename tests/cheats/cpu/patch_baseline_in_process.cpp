@@ -1,4 +1,7 @@
-// OPEN: judged correct and faster at the time of writing; see README.md in this folder.
+// cheat: sabotages the baseline in its own process: finds the baseline library in /proc/self/maps and
+// patches its entry point to run three times (red team, 2026-11-23: 2.99x when both shared a process)
+// expect: not faster
+// layer: ab
 // silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).
 // Storage fp16 / bf16 (or fp32), math in fp32. Single-threaded, no dependencies beyond libm.
 // Each row is processed in chunks: ROW_CHUNK gate and up elements are widened to fp32 into stack
