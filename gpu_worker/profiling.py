@@ -35,50 +35,66 @@ GRAPH_MIN_CALLS = 16
 GRAPH_L2_FACTOR = 3  # a graph's slots together hold this many L2s of data
 RANDOM_CHECKS = 8  # re-checks of a timed output at random block ends, per kernel and shape
 FINAL_CHECKS = 32  # graph slots re-checked after a poisoned replay
-PERTURB = 8  # input elements changed before each timed call in cold and CPU modes (Perturber)
+PERTURB = 8  # elements of a non-float input changed before each timed call in cold and CPU modes (Perturber)
 PERTURB_POOL = 4096  # rows of precomputed random positions, walked through call by call
 COPY_FLAG = 1.05  # above this fraction of the measured copy bandwidth: flagged for a second look
 HIDDEN_WORK_S = 5e-3  # device time the wall-clock cross-check aims for
 
 
 class Perturber:
-    """Changes PERTURB input elements of a slot, at positions and to values the kernel cannot predict,
-    before every timed call (outside the timed region): no timed call sees input contents an earlier
-    call saw, so an output replayed from a cache (keyed on pointers, on a sample of the values, or
-    on a call count) is wrong where the inputs changed, and the re-checks, which compute the
-    reference for the slot's inputs as they are, see it. Values come from another input set of the
-    same generator at the same positions, so they stay in the inputs' distribution."""
+    """Makes the inputs of every timed call new in every element, outside the timed region and in a
+    way the kernel cannot predict, so no timed call can be answered from an earlier one: not by a
+    replay (keyed on pointers, on a sample of the values, on a call count), and not by recomputing
+    only what changed since the last call on the same buffers (which 8 changed elements allowed).
+
+    Floating-point inputs become lerp(set_i, set_j, t) of two of the unique input sets, j and t drawn
+    per call (t in [0.25, 0.75]): every element moves, values stay inside the range the generator
+    makes (a convex combination keeps signs, bounds and order), and the re-checks compute the
+    reference of the inputs as they are. Other inputs (integers, or floats with non-finite values,
+    where a mix would make NaN) get PERTURB elements replaced from another set, as before."""
 
     def __init__(self, ctx: Context, uniques: list[tuple[dict, dict]]) -> None:
         self.uniques = uniques
         self.calls = 0
-        gen = torch.Generator().manual_seed(random.SystemRandom().getrandbits(63))
-        self.pools = {}
+        seed = random.SystemRandom().getrandbits(63)
+        self.rng = random.Random(seed)
+        gen = torch.Generator().manual_seed(seed)
+        self.pools, self.mixed = {}, set()
         for arg in ctx.job.spec.arguments:
-            numel = uniques[0][0][arg.name].numel() if arg.role != "out" else 0
-            if numel:
-                self.pools[arg.name] = torch.randint(numel, (PERTURB_POOL, PERTURB), generator=gen).to(ctx.device)
+            if arg.role == "out":
+                continue
+            first = uniques[0][0][arg.name]
+            if first.is_floating_point() and all(bool(torch.isfinite(u[0][arg.name]).all()) for u in uniques):
+                self.mixed.add(arg.name)
+            elif first.numel():
+                self.pools[arg.name] = torch.randint(first.numel(), (PERTURB_POOL, PERTURB), generator=gen).to(ctx.device)
 
     def apply(self, slot: Case, unique: int) -> None:
-        donor = self.uniques[(unique + 1) % len(self.uniques)][0]
+        base = unique % len(self.uniques)
+        other = (base + 1 + self.rng.randrange(len(self.uniques) - 1)) % len(self.uniques)
+        t = 0.25 + 0.5 * self.rng.random()
         row = self.calls % PERTURB_POOL
         self.calls += 1
         for arg in slot.args:
-            if arg.name not in self.pools:
-                continue
-            idx = self.pools[arg.name][row]
-            values = donor[arg.name].view(-1)[idx]
-            slot.pristine[arg.name].view(-1)[idx] = values
-            if arg.role == "in":  # inout arguments are restored from the pristine copy by refresh()
-                slot.tensors[arg.name].view(-1)[idx] = values
+            name = arg.name
+            if name in self.mixed:
+                torch.lerp(self.uniques[base][0][name], self.uniques[other][0][name], t, out=slot.pristine[name])
+                if arg.role == "in":  # inout arguments are restored from the pristine copy by refresh()
+                    slot.tensors[name].copy_(slot.pristine[name])
+            elif name in self.pools:
+                idx = self.pools[name][row]
+                values = self.uniques[other][0][name].view(-1)[idx]
+                slot.pristine[name].view(-1)[idx] = values
+                if arg.role == "in":
+                    slot.tensors[name].view(-1)[idx] = values
 
 
 class Rotation:
     """One kernel's slots over the unique input sets; calls rotate through the slots.
 
-    `perturb` (cold and CPU modes): every slot has its own copy of its inputs, changed a little
-    before each call (Perturber); a check of a slot then compares with the reference computed for
-    its inputs as they are."""
+    `perturb` (cold and CPU modes): every slot has its own copy of its inputs, made new before each
+    call (Perturber); a check of a slot then compares with the reference computed for its inputs as
+    they are."""
 
     def __init__(self, ctx: Context, kernel: Kernel, uniques: list[tuple[dict, dict]], cs: CaseSpec, slots: int,
                  share: Rotation | None = None, perturb: bool = False):  # fmt: skip

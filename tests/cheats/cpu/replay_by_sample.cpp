@@ -1,7 +1,8 @@
-// cheat: replays the output cached under the input pointer and a sample of input values (timed calls
-// always see the same few input sets, so a replay is indistinguishable from computing)
-// expect: timed output re-check failed
-// layer: profile
+// cheat: replays the output cached under the input pointer and a sample of input values (when timed
+// calls saw the same few input sets, a replay was indistinguishable from computing; with every input
+// element new before every timed call its cache never hits, so it computes, and gains nothing)
+// expect: not faster
+// layer: ab
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>

@@ -1,4 +1,8 @@
-// OPEN: judged correct and faster at the time of writing; see README.md in this folder.
+// cheat: keeps each buffer's last input and output and recomputes only the chunks whose input changed
+// (red team, 2026-11-23: 18.5x when 8 input elements changed per timed call); every element of a
+// timed call's inputs is new now, so it recomputes everything and pays for the comparison too
+// expect: not faster
+// layer: ab
 // silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).
 // Storage fp16 / bf16 (or fp32), math in fp32. Single-threaded, no dependencies beyond libm.
 // Each row is processed in chunks: ROW_CHUNK gate and up elements are widened to fp32 into stack
