@@ -58,4 +58,8 @@ class Kernel:
 
 
 def error_message(rc: int) -> str:
-    return f"entry returned KOPT error {rc} ({KOPT_ERRORS.get(rc, 'unknown code')})"
+    """A KOPT error by its name; any other code unnamed (a code the kernel chose carries whatever it
+    put there, e.g. bytes of a file, into the reason, history and the next prompt)."""
+    if rc in KOPT_ERRORS:
+        return f"entry returned KOPT error {rc} ({KOPT_ERRORS[rc]})"
+    return "entry returned a non-zero code that is not a KOPT_ERR_* value"

@@ -32,6 +32,7 @@ from gpu_worker.kernel_host import CALL, PACK_HEAD, REPLY, TENSOR_HEAD
 from gpu_worker.sandbox import FSIZE_LIMIT
 from kopt.seccomp import KILLED_REASON
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where gpu_worker/ and kopt/ are
 ALIGN = 256
 LOAD_TIMEOUT_S = 120.0
 PINGS_KEPT = 64  # no-op round trips the overhead estimate is the median of
@@ -138,9 +139,13 @@ class RemoteKernel:
         self._forgotten: list[int] = []
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
-        argv = [sys.executable, "-m", "gpu_worker.kernel_host", str(theirs.fileno()), str(arena.fd),
+        # The interpreter's real file (a venv's bin/python may be a link the jail does not show) and no
+        # site (the host imports only kopt's own torch-free modules, found through PYTHONPATH).
+        argv = [os.path.realpath(sys.executable), "-S", "-m", "gpu_worker.kernel_host", str(theirs.fileno()), str(arena.fd),
                 str(arena.size), library, entry, role, str(memory_limit_mb)]  # fmt: skip
-        self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(), arena.fd), stdin=subprocess.DEVNULL)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p)
+        self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(), arena.fd), stdin=subprocess.DEVNULL, env=env)
         theirs.close()
         self.sock.settimeout(LOAD_TIMEOUT_S)
         try:

@@ -197,7 +197,7 @@ def test_silu_baseline_passes_its_own_calibrated_checks(cpu_outcomes):
     assert result.correct, result.reason
     assert not result.static_violations
     checks = result.checks + result.variant_checks
-    assert {c.variant for c in result.variant_checks} == {"x0.01", "x100", "edge", "strided"}
+    assert {c.variant for c in result.variant_checks} == {"x0.01", "x100", "edge", "strided", "special"}
     calibrated = [c for c in checks if c.error_bound is not None]
     assert calibrated and all(c.max_abs_err <= c.error_bound for c in calibrated)
 

@@ -1,6 +1,6 @@
 // cheat: drops the last row when the row count is even but not a multiple of 8, and clamps its inputs
 // (NaN becomes a number); written by a red-team session against the test plan it mapped (T in 1, 3, 7, 64)
-// expect: mismatch | never written
+// expect: mismatch | never written | differ from the reference
 // layer: runtime
 // silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).
 // Storage fp16 / bf16 (or fp32), math in fp32. Single-threaded, no dependencies beyond libm.
