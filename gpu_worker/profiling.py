@@ -36,6 +36,7 @@ GRAPH_L2_FACTOR = 3  # a graph's slots together hold this many L2s of data
 RANDOM_CHECKS = 8  # re-checks of a timed output at random block ends, per kernel and shape
 FINAL_CHECKS = 32  # graph slots re-checked after a poisoned replay
 PERTURB = 8  # elements of a non-float input changed before each timed call in cold and CPU modes (Perturber)
+SCALE_SPAN = 1.5  # float inputs of a timed call: a unique set times a factor in [1/1.5, 1.5] (Perturber)
 PERTURB_POOL = 4096  # rows of precomputed random positions, walked through call by call
 COPY_FLAG = 1.05  # above this fraction of the measured copy bandwidth: flagged for a second look
 HIDDEN_WORK_S = 5e-3  # device time the wall-clock cross-check aims for
@@ -47,11 +48,12 @@ class Perturber:
     replay (keyed on pointers, on a sample of the values, on a call count), and not by recomputing
     only what changed since the last call on the same buffers (which 8 changed elements allowed).
 
-    Floating-point inputs become lerp(set_i, set_j, t) of two of the unique input sets, j and t drawn
-    per call (t in [0.25, 0.75]): every element moves, values stay inside the range the generator
-    makes (a convex combination keeps signs, bounds and order), and the re-checks compute the
-    reference of the inputs as they are. Other inputs (integers, or floats with non-finite values,
-    where a mix would make NaN) get PERTURB elements replaced from another set, as before."""
+    Each floating-point input is one of the unique input sets times a factor drawn per call and per
+    argument (log-uniform in [1/SCALE_SPAN, SCALE_SPAN]), written straight into the kernel's buffer:
+    one read and one write per element, every nonzero element moves, signs and special values stay,
+    and arguments scaled apart keep scale-invariant kernels (a norm) from reusing an old result. The
+    judge's copy (slot.pristine) is rebuilt from the same recipe only when a re-check needs it.
+    Integer inputs get PERTURB elements replaced from another set."""
 
     def __init__(self, ctx: Context, uniques: list[tuple[dict, dict]]) -> None:
         self.uniques = uniques
@@ -59,34 +61,45 @@ class Perturber:
         seed = random.SystemRandom().getrandbits(63)
         self.rng = random.Random(seed)
         gen = torch.Generator().manual_seed(seed)
-        self.pools, self.mixed = {}, set()
+        self.pools, self.scaled = {}, set()
         for arg in ctx.job.spec.arguments:
             if arg.role == "out":
                 continue
             first = uniques[0][0][arg.name]
-            if first.is_floating_point() and all(bool(torch.isfinite(u[0][arg.name]).all()) for u in uniques):
-                self.mixed.add(arg.name)
+            if first.is_floating_point():
+                self.scaled.add(arg.name)
             elif first.numel():
                 self.pools[arg.name] = torch.randint(first.numel(), (PERTURB_POOL, PERTURB), generator=gen).to(ctx.device)
 
     def apply(self, slot: Case, unique: int) -> None:
         base = unique % len(self.uniques)
-        other = (base + 1 + self.rng.randrange(len(self.uniques) - 1)) % len(self.uniques)
-        t = 0.25 + 0.5 * self.rng.random()
         row = self.calls % PERTURB_POOL
         self.calls += 1
+        recipe = slot.__dict__.setdefault("recipe", {})  # name -> (unique set, factor) of its "in" buffers
         for arg in slot.args:
             name = arg.name
-            if name in self.mixed:
-                torch.lerp(self.uniques[base][0][name], self.uniques[other][0][name], t, out=slot.pristine[name])
-                if arg.role == "in":  # inout arguments are restored from the pristine copy by refresh()
-                    slot.tensors[name].copy_(slot.pristine[name])
+            if name in self.scaled:
+                factor = math.exp(self.rng.uniform(-1.0, 1.0) * math.log(SCALE_SPAN))
+                source = self.uniques[base][0][name]
+                if arg.role == "in":
+                    torch.mul(source, factor, out=slot.tensors[name])
+                    recipe[name] = (base, factor)
+                else:  # inout: refresh() restores the buffer from the pristine copy
+                    torch.mul(source, factor, out=slot.pristine[name])
             elif name in self.pools:
+                self.materialize(slot)
                 idx = self.pools[name][row]
-                values = self.uniques[other][0][name].view(-1)[idx]
+                values = self.uniques[(base + 1) % len(self.uniques)][0][name].view(-1)[idx]
                 slot.pristine[name].view(-1)[idx] = values
                 if arg.role == "in":
                     slot.tensors[name].view(-1)[idx] = values
+
+    def materialize(self, slot: Case) -> None:
+        """Bring the judge's copy of the slot's inputs up to date (the same operation, bit for bit)."""
+        recipe = slot.__dict__.get("recipe", {})
+        for name, (base, factor) in recipe.items():
+            torch.mul(self.uniques[base][0][name], factor, out=slot.pristine[name])
+        recipe.clear()
 
 
 class Rotation:
@@ -147,6 +160,7 @@ class Rotation:
     def check(self, k: int, tol) -> str | None:
         slot = self.slots[k]
         if self.perturber is not None:  # the reference of the slot's inputs as they are now
+            self.perturber.materialize(slot)
             refs = reference(self.ctx.ref, slot.args, slot.pristine, self.shapes)
         else:
             refs = self.uniques[k % len(self.uniques)][1]
