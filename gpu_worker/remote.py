@@ -35,6 +35,7 @@ from kopt.seccomp import KILLED_REASON
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where gpu_worker/ and kopt/ are
 ALIGN = 256
 LOAD_TIMEOUT_S = 120.0
+CLOSE_WAIT_S = 2.0
 PINGS_KEPT = 64  # no-op round trips the overhead estimate is the median of
 # A host's CPU time over a block must fit in the block's call round trips, plus what an honest host
 # spends after each reply on its way back into recv() and a little for the accounting's edges.
@@ -246,12 +247,17 @@ class RemoteKernel:
         return (time.perf_counter_ns() - t0) / 1e3
 
     def close(self) -> None:
-        """Close the socket (a host in its loop exits on that) and kill the host where this process may
-        still send signals (under the judge's seccomp it may not: the jail's end takes the host)."""
+        """Close the socket (a host in its loop exits on that) and wait for the host to go; kill it
+        where it does not and this process may still send signals (under the judge's seccomp it may
+        not: the jail's end takes the host, and without a jail the parent reports it as left over)."""
         self.sock.close()
-        if self.proc.poll() is None:
-            try:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
+        try:
+            self.proc.wait(timeout=CLOSE_WAIT_S)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=CLOSE_WAIT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            pass

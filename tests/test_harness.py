@@ -200,6 +200,16 @@ def test_baseline_passes(libs, scale2):
     assert result.device and result.seconds > 0
 
 
+def test_without_the_jail_the_kernel_hosts_end_with_the_judge(libs, scale2, monkeypatch):
+    """KOPT_SANDBOX=off (no PID namespace to take them down): the judge closes its kernel hosts and
+    waits for them, so none is left over (which the parent would report as a fork of the kernel)."""
+    monkeypatch.setenv("KOPT_SANDBOX", "off")
+    monkeypatch.setenv("KOPT_ALLOW_UNSANDBOXED", "1")
+    req = request(scale2, "test", ["float32"])
+    result = asyncio.run(runner.run_test(req, libs["scale2"], SCALE2, scale2, baseline=libs["scale2"]))
+    assert result.correct, result.reason
+
+
 def test_baseline_profile_and_ab_against_itself(libs, scale2):
     req = request(scale2, "bench", ["float32", "float16"])
     result = asyncio.run(runner.run_profile(req, libs["scale2"], SCALE2, scale2, baseline=libs["scale2"]))
