@@ -82,7 +82,7 @@ class Context:
         and a library whose loading leaves a thread behind fails."""
         if self.job.baseline_library:
             self.baseline = self._load(self.job.baseline_library, "baseline")
-        self.kernel = self._load(self.job.library, "candidate")
+        self.kernel = self._load(self.job.library, "candidate")  # on failure, close() ends the baseline's host
 
     def close(self) -> None:
         for k in (self.kernel, self.baseline):

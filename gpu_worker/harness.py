@@ -86,13 +86,12 @@ def read_stdin() -> tuple[bytearray, HarnessJob]:
 
 
 def run_job(job: HarnessJob, channel: Channel):
+    _not_dumpable()
     # Some environments ship torch without numpy; the warning would fill every failure's log tail.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch
 
     from gpu_worker import sandbox, timing
-
-    _not_dumpable()
     from gpu_worker.context import Context
 
     # One host thread: torch's intra-op pool, on a loaded machine, makes every host op (refresh,
@@ -103,21 +102,21 @@ def run_job(job: HarnessJob, channel: Channel):
         channel.progress("setup")
         ctx = Context(job, channel.progress)
         ctx.report = lambda partial: channel.send("partial", partial.model_dump_json())
-        copy_bw = job.copy_bandwidth_gbs
-        if job.mode == "profile" and copy_bw is None:
-            channel.progress("profile copy bandwidth")
-            copy_bw = timing.cuda_copy_bandwidth(ctx.device) if ctx.cuda else timing.cpu_copy_bandwidth()
-        if ctx.remote:  # CPU: the libraries load in kernel hosts, started before this process's seccomp
-            channel.progress("load libraries")
-            ctx.load_kernels()
-        if job.sandbox:
-            ctx.notes += sandbox.apply(job.target, job.memory_limit_mb)
-        else:
-            ctx.notes.append("seccomp off for this job (compute-sanitizer run; the jail and its tool profile hold)")
-        if not ctx.remote:
-            channel.progress("load libraries")
-            ctx.load_kernels()
         try:
+            copy_bw = job.copy_bandwidth_gbs
+            if job.mode == "profile" and copy_bw is None:
+                channel.progress("profile copy bandwidth")
+                copy_bw = timing.cuda_copy_bandwidth(ctx.device) if ctx.cuda else timing.cpu_copy_bandwidth()
+            if ctx.remote:  # CPU: the libraries load in kernel hosts, started before this process's seccomp
+                channel.progress("load libraries")
+                ctx.load_kernels()
+            if job.sandbox:
+                ctx.notes += sandbox.apply(job.target, job.memory_limit_mb)
+            else:
+                ctx.notes.append("seccomp off for this job (compute-sanitizer run; the jail and its tool profile hold)")
+            if not ctx.remote:
+                channel.progress("load libraries")
+                ctx.load_kernels()
             if job.mode == "test":
                 from gpu_worker.correctness import run_test
 
