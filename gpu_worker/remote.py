@@ -87,21 +87,23 @@ class Arena:
 
 
 class Hosts:
-    """The judge's kernel hosts together: the no-op round trip (median of the last PINGS_KEPT,
-    shared by both sides of an A/B so an error in it moves both the same way) and the idle check
-    over all of them (a host busy during the other host's calls would slow those down)."""
+    """The judge's kernel hosts together: each host's no-op round trip (median of its last
+    PINGS_KEPT: the two hosts of an A/B are scheduled differently enough that one shared figure
+    tilted the ratio by a few percent) and the idle check over all of them (a host busy during the
+    other host's calls would slow those down)."""
 
     def __init__(self) -> None:
-        self.rts: collections.deque[float] = collections.deque(maxlen=PINGS_KEPT)
+        self.rts: dict[int, collections.deque[float]] = {}  # host serial -> its last no-op round trips
         self.members: list[RemoteKernel] = []
 
     def calibrate(self, kernel: RemoteKernel, n: int) -> None:
+        kept = self.rts.setdefault(kernel.serial, collections.deque(maxlen=PINGS_KEPT))
         for _ in range(n):
-            self.rts.append(kernel.ping())
+            kept.append(kernel.ping())
 
-    @property
-    def overhead_us(self) -> float:
-        return statistics.median(self.rts) if self.rts else 0.0
+    def overhead_us(self, kernel: RemoteKernel) -> float:
+        kept = self.rts.get(kernel.serial)
+        return statistics.median(kept) if kept else 0.0
 
     def cpu(self) -> dict[int, int | None]:
         return {h.serial: h.cpu_ns() for h in self.members}

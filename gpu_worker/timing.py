@@ -180,7 +180,7 @@ def remote_measure(call: Callable[[], None], before: Callable[[], None], kernel,
 
     def measure(n: int) -> list[float]:
         hosts.calibrate(kernel, PINGS_PER_BLOCK)
-        overhead = hosts.overhead_us
+        overhead = hosts.overhead_us(kernel)
         out = []
         cpu_before, calls_ns = hosts.cpu(), 0
         for _ in range(n):
