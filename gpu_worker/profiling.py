@@ -87,7 +87,6 @@ class Perturber:
                 else:  # inout: refresh() restores the buffer from the pristine copy
                     torch.mul(source, factor, out=slot.pristine[name])
             elif name in self.pools:
-                self.materialize(slot)
                 idx = self.pools[name][row]
                 values = self.uniques[(base + 1) % len(self.uniques)][0][name].view(-1)[idx]
                 slot.pristine[name].view(-1)[idx] = values

@@ -79,7 +79,6 @@ def jail_spec(job: HarnessJob, scratch: Path) -> jail.JailSpec:
                          gpu=job.target == "cuda", file_size_mb=fsize)  # fmt: skip
 
 
-
 async def spawn(
     job: HarnessJob,
     key: bytes,

@@ -1,6 +1,6 @@
 """Seccomp-BPF filters for contained processes (ctypes only; no torch).
 
-Two profiles (docs/decisions/0011-trust-boundary.md):
+Three profiles (docs/decisions/0011-trust-boundary.md, 0014):
 
 - `harness`: the process that loads candidate code. An allow-list on x86_64: a system call that is
   not named below is refused with EPERM, so calls that kernels add later (io_uring was one) are
