@@ -2,8 +2,8 @@
 
 The worker process imports only the parent side (`runner`, `spawn`, `protocol`, `static_checks`,
 `sanitizer`, `device`: no torch, no CUDA context). The harness child (`harness`, forked by
-`zygote`), the judge, runs the rest: `sandbox` (rlimits, seccomp), `context` and `abi` (the loaded
-libraries; on CPU `remote`, the kernel hosts it starts, each `kernel_host` loading one library),
+`zygote`), the judge, runs the rest: `sandbox` (rlimits, seccomp), `context`, `abi` and `remote`
+(the kernel hosts it starts, each `kernel_host` loading one library; `cuda_driver` on CUDA),
 `plan`/`cases`/`checks`/`correctness` (test mode), `timing`/`nvml`/`stats`/`profiling` (profile mode).
 See docs/decisions/0007-measurement.md.
 """

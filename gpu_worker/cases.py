@@ -47,8 +47,9 @@ def poison_mask(t: torch.Tensor) -> torch.Tensor:
     return torch.isnan(t) if t.is_floating_point() else t == -1
 
 
-# CPU jobs: the arena shared with the kernel hosts (remote.Arena), where every kernel-visible buffer
-# lives; set by Context. Pristine inputs and references stay in the judge's private memory.
+# The arena shared with the kernel hosts (remote.Arena on CPU, remote.CudaArena on CUDA), where every
+# kernel-visible buffer lives; set by Context. Pristine inputs and references stay in the judge's
+# private memory.
 ARENA = None
 
 
@@ -61,7 +62,7 @@ class Buffer:
         row_pad = row_pad if len(shape) >= 2 else 0
         phys = [*shape[:-1], shape[-1] + row_pad] if row_pad else list(shape)
         n = math.prod(phys)
-        if device == "cpu" and ARENA is not None:  # shared with the kernel hosts (remote.py)
+        if ARENA is not None and ARENA.target == device:  # shared with the kernel hosts (remote.py)
             self.storage = ARENA.tensor(2 * g + n, dtype, owner=self)
         else:
             self.storage = torch.empty(2 * g + n, dtype=dtype, device=device)

@@ -1,9 +1,8 @@
 """What a harness job loads once: device and stream, the reference module, the kernels.
 
 The order matters (see harness.py): device, reference and copy bandwidth first (trusted code),
-then the libraries, then the judge's own sandbox. On the CPU target each library loads in a kernel
-host of its own (remote.py), never in this process; on CUDA (not split yet) the baseline, then the
-candidate load here, after the sandbox.
+then the kernel hosts, then the judge's own sandbox. Each library loads in a kernel host of its own
+(remote.py), never in this process.
 """
 
 from __future__ import annotations
@@ -21,11 +20,11 @@ from types import ModuleType
 import torch
 
 from gpu_worker import cases
-from gpu_worker.abi import Kernel, KernelFailure, Packed
+from gpu_worker.abi import KernelFailure, Packed
 from gpu_worker.device import cpu_name
 from gpu_worker.nvml import Nvml
 from gpu_worker.protocol import HarnessJob, arena_bytes
-from gpu_worker.remote import Arena, Hosts, RemoteKernel
+from gpu_worker.remote import Arena, CudaArena, Hosts, RemoteKernel
 from kopt.models import Partial
 
 
@@ -58,47 +57,36 @@ class Context:
             self.device_name = cpu_name()
             self.stream = None
         self.ref = load_reference(Path(job.package_dir))
-        self.kernel: Kernel | RemoteKernel | None = None
-        self.baseline: Kernel | RemoteKernel | None = None
-        self.arena: Arena | None = None
-        self.hosts = Hosts()  # the kernel hosts (CPU): round-trip clock and idle check
-        if not self.cuda:
+        self.kernel: RemoteKernel | None = None
+        self.baseline: RemoteKernel | None = None
+        self.hosts = Hosts()  # the kernel hosts: round-trip clock, idle check (and threads on CUDA)
+        if self.cuda:
+            self.arena: Arena | CudaArena = CudaArena(self.device)
+        else:
             pin_to_one_cpu()  # the kernel hosts inherit it
             self.arena = Arena(arena_bytes(job.memory_limit_mb))
-            cases.ARENA = self.arena
-
-    @property
-    def remote(self) -> bool:
-        """The kernels run in kernel hosts (CPU target), not in this process."""
-        return self.arena is not None
+        cases.ARENA = self.arena
 
     @property
     def stream_handle(self) -> int | None:
         return self.stream.cuda_stream if self.stream is not None else None
 
     def load_kernels(self) -> None:
-        """Baseline first, candidate last. CPU: each in a kernel host of its own, whose seccomp
-        profile allows no threads (nothing of the library runs between calls). CUDA: in this process,
-        and a library whose loading leaves a thread behind fails."""
+        """Baseline first, candidate last, each in a kernel host of its own (CPU: whose seccomp
+        profile allows no threads; CUDA: whose threads the judge counts)."""
         if self.job.baseline_library:
             self.baseline = self._load(self.job.baseline_library, "baseline")
         self.kernel = self._load(self.job.library, "candidate")  # on failure, close() ends the baseline's host
 
     def close(self) -> None:
         for k in (self.kernel, self.baseline):
-            if isinstance(k, RemoteKernel):
+            if k is not None:
                 k.close()
 
-    def _load(self, library: str, role: str) -> Kernel | RemoteKernel:
-        if self.arena is not None:
-            return RemoteKernel(library, self.job.spec.entry, role, self.arena, self.job.memory_limit_mb, self.hosts)
-        before = _tasks()
-        kernel = Kernel(library, self.job.spec.entry, self.stream_handle, role)
-        started = _tasks() - before
-        if started > 0:
-            raise KernelFailure(f"{role}: started {started} thread(s) when its library loaded (code at load time "
-                                "runs outside the calls that are checked and timed)")  # fmt: skip
-        return kernel
+    def _load(self, library: str, role: str) -> RemoteKernel:
+        before = self.stream.synchronize if self.cuda else None  # the judge's writes land before a call
+        return RemoteKernel(library, self.job.spec.entry, role, self.arena, self.job.memory_limit_mb, self.hosts,
+                            before)  # fmt: skip
 
     def sync(self, who: str = "candidate") -> None:
         """Wait for the harness stream only (work hidden on another stream is not waited for);
@@ -116,9 +104,8 @@ class Context:
             except RuntimeError as exc:
                 raise KernelFailure(f"{who}: {cuda_error(exc)}") from None
 
-    def call(self, kernel: Kernel | RemoteKernel, packed: Packed) -> int:
-        """One synchronous call. No thread of a kernel runs after it returns: on CPU the kernel host
-        cannot create one (seccomp), on CUDA a library that started one at load was refused."""
+    def call(self, kernel: RemoteKernel, packed: Packed) -> int:
+        """One synchronous call (the host waits for its stream before it answers)."""
         rc = kernel(packed)
         self.sync(kernel.role)
         return rc
@@ -140,10 +127,6 @@ def pin_to_one_cpu() -> None:
 def cuda_error(exc: BaseException) -> str:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return f"CUDA error after the kernel call: {first}"
-
-
-def _tasks() -> int:
-    return len(os.listdir("/proc/self/task"))
 
 
 def load_reference(package_dir: Path) -> ModuleType:

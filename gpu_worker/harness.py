@@ -9,12 +9,12 @@ of the host, an unprivileged uid, hard limits, a minimal environment). Order:
   2. move the result pipe to a private, close-on-exec descriptor and close the number it came on;
   3. import torch, set up the device and its stream, load the package reference, measure the copy
      bandwidth (profile);
-  4. CPU: start one kernel host per library (remote.py, kernel_host.py): a fresh interpreter
-     without torch that maps the shared buffer arena, seccomps itself (no threads) and loads only
-     that library. The judge never loads candidate code: the key, the references, the checks, the
-     clock and the verdict stay out of the candidate's reach (docs/decisions/0014-...);
-  5. apply this process's limits (a hard address-space cap, the seccomp allow-list: sandbox.py);
-  6. CUDA (not split yet): load the baseline library, then the candidate library, here.
+  4. start one kernel host per library (remote.py, kernel_host.py): a fresh interpreter without
+     torch that maps the shared buffers (CPU: a memfd arena; CUDA: device-memory segments),
+     seccomps itself and loads only that library. The judge never loads candidate code: the key,
+     the references, the checks, the clock and the verdict stay out of the candidate's reach
+     (docs/decisions/0014-..., 0015-...);
+  5. apply this process's limits (a hard address-space cap, the seccomp allow-list: sandbox.py).
 Everything reported goes out as HMAC-authenticated frames (progress steps, then one result), so
 nothing a kernel writes to any descriptor can pass for a result. A Python error or a candidate
 failure is a result too; a crash, hang or exit() of a kernel host is reported by the judge, one of
@@ -107,16 +107,12 @@ def run_job(job: HarnessJob, channel: Channel):
             if job.mode == "profile" and copy_bw is None:
                 channel.progress("profile copy bandwidth")
                 copy_bw = timing.cuda_copy_bandwidth(ctx.device) if ctx.cuda else timing.cpu_copy_bandwidth()
-            if ctx.remote:  # CPU: the libraries load in kernel hosts, started before this process's seccomp
-                channel.progress("load libraries")
-                ctx.load_kernels()
+            channel.progress("load libraries")  # in kernel hosts, started before this process's seccomp
+            ctx.load_kernels()
             if job.sandbox:
                 ctx.notes += sandbox.apply(job.target, job.memory_limit_mb)
             else:
                 ctx.notes.append("seccomp off for this job (compute-sanitizer run; the jail and its tool profile hold)")
-            if not ctx.remote:
-                channel.progress("load libraries")
-                ctx.load_kernels()
             if job.mode == "test":
                 from gpu_worker.correctness import run_test
 

@@ -1,23 +1,31 @@
 """The kernel host: the only process that loads a kernel library, and it loads exactly one.
 
-    python -m gpu_worker.kernel_host CONTROL_FD ARENA_FD ARENA_BYTES LIBRARY ENTRY ROLE MEMORY_MB
+    python -m gpu_worker.kernel_host CONTROL_FD TARGET ARENA LIBRARY ENTRY ROLE MEMORY_MB
 
 Started by the judge (the harness process, which never loads candidate code: docs/decisions/
 0014-judge-and-kernel-hosts.md) inside the same jail, as a fresh interpreter without torch, so
 nothing of the judge's memory (the key, the references, the verdict) is ever in this process.
-Before the library loads it maps the judge's shared arena (the only memory both processes see: the
-kernel-visible buffers), closes the arena's descriptor, makes itself non-dumpable (the other host
-runs as the same uid), and puts on its own limits: rlimits and
-the seccomp profile "host" (as the harness profile, and no threads or processes at all, so no
-code of the library can run between the calls the judge makes).
+ARENA is how the kernel-visible buffers are shared: "FD:BYTES" (CPU: a sealed memfd, mapped here,
+its descriptor closed) or "cuda:ORDINAL" (the device; the judge sends its device-memory segments
+later, each as a descriptor over the control socket, mapped into this process's own context).
+Before the library loads the host makes itself non-dumpable (the other host runs as the same uid)
+and puts on its own limits: rlimits and a seccomp profile ("host" on CPU: no threads or processes
+at all, so no code of the library runs between the calls the judge makes; "cuda-host": the CUDA
+driver needs threads, so the judge watches the host's threads and CPU time instead).
 
 The control socket (SOCK_SEQPACKET, one message per datagram), judge to host:
-  P <pack id, count> then per tensor <arena offset, dtype, ndim> <shape...> <strides...>
+  P <pack id, count> then per tensor <segment << 48 | offset, dtype, ndim> <shape...> <strides...>
   F <pack id>                 forget a pack (no reply)
-  C <pack id>                 call the entry point once; reply <rc, ns>
-  N                           no-op; reply <0, 0> (the judge's round-trip calibration)
-Host to judge, once: R (ready) or E<reason>. `ns` is the host's own reading of the call; the judge
-believes its own clock, and a host that reports more than the judge measured is lying.
+  S <segment id, bytes>       + a descriptor (CUDA): map a device-memory segment (no reply)
+  C <pack id>                 call the entry point once; reply <rc, ns, status>
+  N                           no-op; reply <0, ns, status> (the judge's round-trip calibration)
+  G <count> <pack id...>      CUDA: capture the calls in a graph; reply <rc, graph id, status>
+  R <graph id>                CUDA: launch a graph once; reply <0, ns, status>
+  H <pack id, count>          CUDA: count calls back to back, then wait for the whole context;
+                              reply <rc, ns on the stream, status>
+Host to judge, once: R (ready) or E<reason>. `ns` is the host's own reading (CPU: its clock around
+the call; CUDA: its events around the call on its stream), `status` a CUresult (0 on CPU). The
+judge believes its own clock: a host whose reading disagrees with the judge's round trip is lying.
 """
 
 from __future__ import annotations
@@ -33,7 +41,10 @@ import time
 PACK_HEAD = struct.Struct("<IH")
 TENSOR_HEAD = struct.Struct("<Qii")
 CALL = struct.Struct("<I")
-REPLY = struct.Struct("<iq")
+REPLY = struct.Struct("<iqi")
+SEGMENT = struct.Struct("<IQ")
+BURST = struct.Struct("<II")
+SEGMENT_SHIFT = 48
 MAX_MESSAGE = 1 << 16
 MAX_NDIM = 8
 
@@ -50,16 +61,18 @@ class KoptTensor(ctypes.Structure):
     ]
 
 
-def decode_pack(body: bytes, base: int, size: int) -> tuple[int, object, list]:
-    """(pack id, KoptTensor array, arrays to keep alive) from a P message; raises ValueError on
-    anything outside the arena or malformed."""
+def decode_pack(body: bytes, segments: dict[int, tuple[int, int]]) -> tuple[int, object, list]:
+    """(pack id, KoptTensor array, arrays to keep alive) from a P message; `segments` maps a segment
+    id to (base address here, bytes). Raises ValueError on anything outside them or malformed."""
     pack_id, n = PACK_HEAD.unpack_from(body, 0)
     at = PACK_HEAD.size
     array = (KoptTensor * n)()
     keep: list = []
     for i in range(n):
-        offset, dtype, ndim = TENSOR_HEAD.unpack_from(body, at)
+        where, dtype, ndim = TENSOR_HEAD.unpack_from(body, at)
         at += TENSOR_HEAD.size
+        base, size = segments.get(where >> SEGMENT_SHIFT, (0, -1))
+        offset = where & ((1 << SEGMENT_SHIFT) - 1)
         if not 0 <= ndim <= MAX_NDIM or offset > size:
             raise ValueError("malformed pack")
         dims = struct.unpack_from(f"<{2 * ndim}q", body, at)
@@ -71,46 +84,142 @@ def decode_pack(body: bytes, base: int, size: int) -> tuple[int, object, list]:
     return pack_id, array, keep
 
 
-def serve(sock: socket.socket, fn, base: int, size: int) -> None:
+class CpuCalls:
+    """Calls on the CPU, timed by this process's clock (which the judge does not believe)."""
+
+    def __init__(self) -> None:
+        self.null = ctypes.c_void_p(None)
+
+    def call(self, fn, array, n: int) -> tuple[int, int, int]:
+        t0 = time.perf_counter_ns()
+        rc = fn(array, n, self.null)
+        return rc, time.perf_counter_ns() - t0, 0
+
+    def noop(self) -> tuple[int, int, int]:
+        return 0, 0, 0
+
+
+class CudaCalls:
+    """Calls on this host's stream, each between two events and waited for, as the judge's no-op is
+    (so the judge's round trip less its no-op round trip is comparable with the events' reading)."""
+
+    def __init__(self, device) -> None:
+        self.dev = device
+        self.graphs: list = []
+
+    def call(self, fn, array, n: int) -> tuple[int, int, int]:
+        d = self.dev
+        d.record(d.start, d.stream)
+        rc = fn(array, n, d.stream)
+        d.record(d.end, d.stream)
+        status, ns = d.event_ns()
+        return rc, ns, status
+
+    def noop(self) -> tuple[int, int, int]:
+        d = self.dev
+        d.record(d.start, d.stream)
+        d.record(d.end, d.stream)
+        status, ns = d.event_ns()
+        return 0, ns, status
+
+    def capture(self, fn, packs: list) -> tuple[int, int, int]:
+        rcs = []
+        status, exe = self.dev.capture(lambda: rcs.extend(fn(array, n, self.dev.stream) for array, n, _ in packs))
+        rc = next((r for r in rcs if r), 0)
+        if status or rc:
+            return rc, 0, status
+        self.graphs.append(exe)
+        return 0, len(self.graphs) - 1, 0
+
+    def replay(self, graph: int) -> tuple[int, int, int]:
+        d = self.dev
+        d.record(d.start, d.stream)
+        status = d.launch_graph(self.graphs[graph], d.stream)
+        d.record(d.end, d.stream)
+        ev_status, ns = d.event_ns()
+        return 0, ns, status or ev_status
+
+    def burst(self, fn, array, n: int, count: int) -> tuple[int, int, int]:
+        d = self.dev
+        d.record(d.start, d.stream)
+        rc = 0
+        for _ in range(count):
+            rc = fn(array, n, d.stream) or rc
+        d.record(d.end, d.stream)
+        status, ns = d.event_ns()
+        return rc, ns, status or d.sync_ctx()
+
+
+def serve(sock: socket.socket, fn, segments: dict[int, tuple[int, int]], calls, device=None) -> None:
     packs: dict[int, tuple[object, int, list]] = {}
-    null = ctypes.c_void_p(None)
-    perf = time.perf_counter_ns
     while True:
-        msg = sock.recv(MAX_MESSAGE)
+        msg, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 1)
         if not msg:
             return
         op = msg[:1]
         if op == b"C":
             array, n, _ = packs[CALL.unpack_from(msg, 1)[0]]
-            t0 = perf()
-            rc = fn(array, n, null)
-            t1 = perf()
-            sock.send(REPLY.pack(rc, t1 - t0))
+            sock.send(REPLY.pack(*calls.call(fn, array, n)))
         elif op == b"N":
-            sock.send(REPLY.pack(0, 0))
+            sock.send(REPLY.pack(*calls.noop()))
         elif op == b"P":
-            pack_id, array, keep = decode_pack(msg[1:], base, size)
+            pack_id, array, keep = decode_pack(msg[1:], segments)
             packs[pack_id] = (array, len(array), keep)
         elif op == b"F":
             packs.pop(CALL.unpack_from(msg, 1)[0], None)
+        elif op == b"S" and device is not None and len(fds) == 1:
+            seg, size = SEGMENT.unpack_from(msg, 1)
+            from gpu_worker import cuda_driver
+
+            segments[seg] = (cuda_driver.import_segment(fds[0], size, device.ordinal), size)
+            os.close(fds[0])
+        elif op == b"G" and device is not None:
+            (count,) = CALL.unpack_from(msg, 1)
+            ids = struct.unpack_from(f"<{count}I", msg, 1 + CALL.size)
+            sock.send(REPLY.pack(*calls.capture(fn, [packs[i] for i in ids])))
+        elif op == b"R" and device is not None:
+            sock.send(REPLY.pack(*calls.replay(CALL.unpack_from(msg, 1)[0])))
+        elif op == b"H" and device is not None:
+            pack_id, count = BURST.unpack_from(msg, 1)
+            array, n, _ = packs[pack_id]
+            sock.send(REPLY.pack(*calls.burst(fn, array, n, count)))
         else:
             return
 
 
+def _tasks() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
 def main(argv: list[str]) -> None:
-    control_fd, arena_fd, arena_bytes, library, entry, role, memory_mb = argv
+    control_fd, target, arena, library, entry, role, memory_mb = argv
     sock = socket.socket(fileno=int(control_fd))
-    arena = mmap.mmap(int(arena_fd), int(arena_bytes))
-    os.close(int(arena_fd))  # the mapping stays; the descriptor (resize, more mappings) goes
-    base = ctypes.addressof(ctypes.c_char.from_buffer(arena))
+    device = None
+    if target == "cuda":
+        from gpu_worker import cuda_driver
+
+        try:
+            device = cuda_driver.Device(int(arena.split(":")[1]))
+        except (OSError, cuda_driver.CudaError) as exc:
+            sock.send(b"E" + f"{role}: the kernel process could not set up the GPU: {exc}".encode()[:4000])
+            return
+        segments: dict[int, tuple[int, int]] = {}
+        calls = CudaCalls(device)
+    else:
+        arena_fd, arena_bytes = (int(x) for x in arena.split(":"))
+        mapping = mmap.mmap(arena_fd, arena_bytes)
+        os.close(arena_fd)  # the mapping stays; the descriptor (resize, more mappings) goes
+        segments = {0: (ctypes.addressof(ctypes.c_char.from_buffer(mapping)), arena_bytes)}
+        calls = CpuCalls()
     from gpu_worker import sandbox
 
     # Non-dumpable: the other host (the baseline beside a candidate) runs as the same uid; without
     # this it could open /proc/<this host>/mem and patch this library's code.
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
-    notes = sandbox.apply("cpu", int(memory_mb), profile="host")
+    notes = sandbox.apply(target, int(memory_mb), profile="cuda-host" if device is not None else "host")
     if notes:
         print(f"kopt-host: {role}: " + "; ".join(notes), file=sys.stderr, flush=True)
+    threads = _tasks()
     try:
         lib = ctypes.CDLL(library, mode=os.RTLD_NOW | os.RTLD_LOCAL)
     except OSError as exc:
@@ -121,10 +230,15 @@ def main(argv: list[str]) -> None:
     except AttributeError:
         sock.send(b"E" + f"{role}: entry symbol {entry!r} is not exported (KOPT_EXPORT, extern \"C\"?)".encode())
         return
+    started = _tasks() - threads
+    if started > 0:
+        sock.send(b"E" + f"{role}: started {started} thread(s) when its library loaded (code at load time runs "
+                         "outside the calls that are checked and timed)".encode())  # fmt: skip
+        return
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.POINTER(KoptTensor), ctypes.c_int32, ctypes.c_void_p]
     sock.send(b"R")
-    serve(sock, fn, base, int(arena_bytes))
+    serve(sock, fn, segments, calls, device)
 
 
 if __name__ == "__main__":

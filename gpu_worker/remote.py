@@ -1,11 +1,13 @@
-"""The judge's side of the kernel hosts: a shared arena for kernel-visible buffers, and kernels
-that run in a host process of their own (docs/decisions/0014-judge-and-kernel-hosts.md).
+"""The judge's side of the kernel hosts: shared memory for kernel-visible buffers, and kernels that
+run in a host process of their own (docs/decisions/0014-judge-and-kernel-hosts.md, 0015 for CUDA).
 
 The judge (the harness process) keeps everything a verdict rests on in its private memory: the
 key, the pristine inputs, the references, the checks, the clock and the result. The only memory a
-kernel host shares with it is the Arena (a sealed memfd): the buffers a call reads and writes.
-A RemoteKernel is called like abi.Kernel; the judge times the round trip with its own clock and
-subtracts the no-op round trip (Hosts), so no number the host reports is believed; Hosts also checks that no host works outside its calls.
+kernel host shares with it holds the buffers a call reads and writes: the Arena (CPU, a sealed
+memfd) or the CudaArena (device-memory segments exported as descriptors). A RemoteKernel is called
+like abi.Kernel; the judge times the round trip with its own clock less the no-op round trip
+(Hosts): on CPU that is the sample, on CUDA it checks the host's event reading. Hosts also checks
+that no host works outside its calls.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import weakref
 
 import torch
 
-from gpu_worker.abi import KOPT_DTYPES, KernelFailure, Packed
-from gpu_worker.kernel_host import CALL, PACK_HEAD, REPLY, TENSOR_HEAD
+from gpu_worker.abi import KOPT_DTYPES, KernelFailure, Packed, error_message
+from gpu_worker.kernel_host import BURST, CALL, PACK_HEAD, REPLY, SEGMENT, SEGMENT_SHIFT, TENSOR_HEAD
 from gpu_worker.sandbox import FSIZE_LIMIT
 from kopt.seccomp import KILLED_REASON
 
@@ -40,36 +42,46 @@ PINGS_KEPT = 64  # no-op round trips the overhead estimate is the median of
 # A host's CPU time over a block must fit in the block's call round trips, plus what an honest host
 # spends after each reply on its way back into recv() and a little for the accounting's edges.
 IDLE_PER_CALL_NS = 25_000
-IDLE_SLACK_NS = 200_000
+IDLE_SLACK_NS = {"cpu": 200_000, "cuda": 1_000_000}  # the CUDA driver's own threads wake now and then
+# CUDA: how far the judge's clock (round trip less the no-op round trip) may exceed the host's events
+# over a block (median) before the host's reading is called forged: launch work outside the events.
+# Medians of per-call gaps (round trip less no-op round trip less the events' reading), in us. A cold
+# call's round trip holds the device's switch from the judge's context to the host's (the no-op's is
+# taken after the same flush, so it holds one too): H100, silu_and_mul against itself, block medians
+# of the gap spread over about -45..+85 us, and the two sides' shape medians differed by up to 16 us.
+# (Waking the host with a no-op before each call took the switch out of the gap, block medians
+# -8..+11 us, but made the timed kernels 10 us slower and the self-A/B intervals 10x wider.) So on
+# CUDA cold mode the clock check only bounds a forgery to tens of us a call; docs/decisions/0015.
+CLOCK_SLACK_US = 40.0  # candidate's shape median over the baseline's (plus CLOCK_SLACK_FRACTION)
+LONE_CLOCK_SLACK_US = 120.0  # shape median without a baseline
+CLOCK_SLACK_FRACTION = 0.05
+BLOCK_CLOCK_SLACK_US = 1000.0  # any block's median, a gross bound (plus BLOCK_CLOCK_SLACK_FRACTION)
+BLOCK_CLOCK_SLACK_FRACTION = 1.0
+SEGMENT_BYTES = 1 << 30  # CUDA: the smallest device-memory segment the arena adds
 
 
-class Arena:
-    """A sealed memfd mapped here and in every kernel host; first-fit allocation of tensors in it."""
+class CaptureFailed(Exception):
+    """A kernel that cannot be captured in a CUDA graph (it synchronizes or allocates in the call)."""
 
-    def __init__(self, nbytes: int) -> None:
-        self.size = nbytes
-        self.fd = os.memfd_create("kopt-arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        os.ftruncate(self.fd, nbytes)
-        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-        self.mm = mmap.mmap(self.fd, nbytes)
-        self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
-        self.free: list[tuple[int, int]] = [(0, nbytes)]  # (offset, length), sorted by offset
 
-    def tensor(self, count: int, dtype: torch.dtype, owner: object) -> torch.Tensor:
-        """`count` elements of `dtype` in the arena, given back when `owner` is collected."""
-        nbytes = max(count * torch.empty((), dtype=dtype).element_size(), 1)
-        length = -(-nbytes // ALIGN) * ALIGN
+class Region:
+    """First-fit allocation of ALIGN-rounded blocks in [0, size)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.free: list[tuple[int, int]] = [(0, size)]  # (offset, length), sorted by offset
+
+    def take(self, length: int) -> int | None:
         for i, (off, free_len) in enumerate(self.free):
             if free_len >= length:
                 if free_len == length:
                     del self.free[i]
                 else:
                     self.free[i] = (off + length, free_len - length)
-                weakref.finalize(owner, self._release, off, length)
-                return torch.frombuffer(self.mm, dtype=dtype, count=count, offset=off)
-        raise MemoryError(f"kernel buffer arena full ({self.size >> 20} MiB): shapes too large for the memory limit")
+                return off
+        return None
 
-    def _release(self, off: int, length: int) -> None:
+    def give_back(self, off: int, length: int) -> None:
         i = bisect.bisect(self.free, (off, length))
         self.free.insert(i, (off, length))
         if i + 1 < len(self.free) and off + length == self.free[i + 1][0]:  # merge with the next
@@ -79,11 +91,105 @@ class Arena:
             self.free[i - 1] = (self.free[i - 1][0], self.free[i - 1][1] + self.free[i][1])
             del self.free[i]
 
+
+def _length(count: int, dtype: torch.dtype) -> int:
+    nbytes = max(count * torch.empty((), dtype=dtype).element_size(), 1)
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+class Arena:
+    """CPU: a sealed memfd mapped here and in every kernel host (segment 0); first-fit allocation."""
+
+    target = "cpu"
+
+    def __init__(self, nbytes: int) -> None:
+        self.size = nbytes
+        self.fd = os.memfd_create("kopt-arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        os.ftruncate(self.fd, nbytes)
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        self.mm = mmap.mmap(self.fd, nbytes)
+        self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
+        self.region = Region(nbytes)
+
+    @property
+    def spawn(self) -> tuple[str, tuple[int, ...]]:
+        """(the host's ARENA argument, descriptors it inherits)."""
+        return f"{self.fd}:{self.size}", (self.fd,)
+
+    def tensor(self, count: int, dtype: torch.dtype, owner: object) -> torch.Tensor:
+        """`count` elements of `dtype` in the arena, given back when `owner` is collected."""
+        length = _length(count, dtype)
+        off = self.region.take(length)
+        if off is None:
+            raise MemoryError(f"kernel buffer arena full ({self.size >> 20} MiB): shapes too large for the memory limit")
+        weakref.finalize(owner, self.region.give_back, off, length)
+        return torch.frombuffer(self.mm, dtype=dtype, count=count, offset=off)
+
     def offset_of(self, ptr: int, nbytes: int) -> int:
         off = ptr - self.base
         if not (0 <= off and off + nbytes <= self.size):
             raise RuntimeError("harness bug: a kernel buffer outside the shared arena")
         return off
+
+    def segments(self) -> list[tuple[int, int, int]]:
+        return []
+
+
+class _CudaSegment:
+    """A segment of device memory seen by torch (judge side) through __cuda_array_interface__."""
+
+    def __init__(self, ptr: int, size: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (ptr, False), "strides": None,
+                                         "version": 2}
+
+
+class CudaArena:
+    """CUDA: segments of device memory (cuMemCreate), each exported as a descriptor that RemoteKernel
+    hands to its host before the first pack that uses it; first-fit allocation inside them, a new
+    segment (at least SEGMENT_BYTES) where none has room. The judge's other device memory (pristine
+    inputs, references) is in its own allocations, in a context no host can reach."""
+
+    target = "cuda"
+
+    def __init__(self, device: torch.device) -> None:
+        from gpu_worker import cuda_driver
+
+        self.driver = cuda_driver
+        self.device = device
+        self.ordinal = device.index or 0
+        self.gran = cuda_driver.granularity(self.ordinal)
+        self.segs: list[tuple[int, int, int, Region, torch.Tensor]] = []  # (ptr, size, fd, region, bytes)
+
+    @property
+    def spawn(self) -> tuple[str, tuple[int, ...]]:
+        return f"cuda:{self.ordinal}", ()
+
+    def tensor(self, count: int, dtype: torch.dtype, owner: object) -> torch.Tensor:
+        length = _length(count, dtype)
+        for i, (_, _, _, region, whole) in enumerate(self.segs):
+            off = region.take(length)
+            if off is not None:
+                break
+        else:
+            size = -(-max(length, SEGMENT_BYTES) // self.gran) * self.gran
+            torch.cuda.synchronize(self.device)  # torch has made its context current on this thread
+            ptr, fd = self.driver.create_segment(size, self.ordinal)
+            whole = torch.as_tensor(_CudaSegment(ptr, size), device=self.device)
+            region = Region(size)
+            self.segs.append((ptr, size, fd, region, whole))
+            i, off = len(self.segs) - 1, region.take(length)
+        weakref.finalize(owner, region.give_back, off, length)
+        return whole[off : off + count * torch.empty((), dtype=dtype).element_size()].view(dtype)
+
+    def offset_of(self, ptr: int, nbytes: int) -> int:
+        for i, (base, size, _, _, _) in enumerate(self.segs):
+            if base <= ptr and ptr + nbytes <= base + size:
+                return i << SEGMENT_SHIFT | (ptr - base)
+        raise RuntimeError("harness bug: a kernel buffer outside the shared segments")
+
+    def segments(self) -> list[tuple[int, int, int]]:
+        """(segment id, bytes, descriptor) of every segment so far."""
+        return [(i, size, fd) for i, (_, size, fd, _, _) in enumerate(self.segs)]
 
 
 class Hosts:
@@ -95,15 +201,40 @@ class Hosts:
     def __init__(self) -> None:
         self.rts: dict[int, collections.deque[float]] = {}  # host serial -> its last no-op round trips
         self.members: list[RemoteKernel] = []
+        self.clock_gaps: dict[str, list[float]] = {}  # "role kind" -> block medians of check_clock's gap (us)
+        self.shape_gaps: dict[tuple[str, str], list[float]] = {}  # (role, mode) -> each call's gap, this shape
+        self.shape_reported: dict[tuple[str, str], list[float]] = {}  # (role, mode) -> each call's reading
+        self.idle_use: dict[str, float] = {}  # role -> largest share of its allowance a block used
 
-    def calibrate(self, kernel: RemoteKernel, n: int) -> None:
+    def calibrate(self, kernel: RemoteKernel, n: int, prepare=None) -> None:
+        """n more no-op round trips, each after `prepare()` where the timed calls have the judge's own
+        device work before them (CUDA cold mode: the device then switches from the judge's context to
+        the host's inside the round trip, a call's as well as a no-op's)."""
         kept = self.rts.setdefault(kernel.serial, collections.deque(maxlen=PINGS_KEPT))
         for _ in range(n):
+            if prepare is not None:
+                prepare()
             kept.append(kernel.ping())
 
     def overhead_us(self, kernel: RemoteKernel) -> float:
         kept = self.rts.get(kernel.serial)
         return statistics.median(kept) if kept else 0.0
+
+    def summary(self) -> list[str]:
+        """What the clock and idle checks saw (notes of a profile result)."""
+        out = []
+        roles = {h.serial: h.role for h in self.members}
+        for serial, kept in sorted(self.rts.items()):
+            if kept:
+                out.append(f"{roles.get(serial, serial)}: no-op round trip: median of the last {len(kept)} "
+                           f"{statistics.median(kept):.1f} us")  # fmt: skip
+        for role, gaps in sorted(self.clock_gaps.items()):
+            q = sorted(gaps)
+            out.append(f"{role}: judge's clock less the host's events, block medians over {len(gaps)} blocks: "
+                       f"p10 {q[len(q) // 10]:.1f}, median {q[len(q) // 2]:.1f}, p90 {q[9 * len(q) // 10]:.1f} us")
+        for role, use in sorted(self.idle_use.items()):
+            out.append(f"{role}: CPU time outside its calls: at most {100 * use:.0f}% of the allowance in a block")
+        return out
 
     def cpu(self) -> dict[int, int | None]:
         return {h.serial: h.cpu_ns() for h in self.members}
@@ -116,11 +247,17 @@ class Hosts:
         checked and timed region."""
         after = self.cpu()
         for host in self.members:
+            if host.cuda and host.tasks() > host.threads:
+                host.close()
+                raise KernelFailure(f"{host.role}: started a thread during a call (code outside the calls that "
+                                    "are checked and timed)")  # fmt: skip
+        for host in self.members:
             b, a = before.get(host.serial), after.get(host.serial)
             if a is None or b is None:
                 continue
             mine = host is caller
-            allowed = (calls_ns + calls * IDLE_PER_CALL_NS if mine else 0) + IDLE_SLACK_NS
+            allowed = (calls_ns + calls * IDLE_PER_CALL_NS if mine else 0) + IDLE_SLACK_NS[host.arena.target]
+            self.idle_use[host.role] = max(self.idle_use.get(host.role, 0.0), (a - b) / allowed)
             if a - b > allowed:
                 host.close()
                 during = "between its calls" if mine else f"during the {caller.role}'s calls"
@@ -129,26 +266,77 @@ class Hosts:
                                     "outside the checked and timed region")  # fmt: skip
 
 
+    def check_clock(self, kernel: RemoteKernel, kind: str, rts_us: list[float], reported_us: list[float]) -> None:
+        """CUDA, per block: the host's event readings against the judge's clock. For an honest host
+        the round trip of a call less the host's no-op round trip (the same two events and wait,
+        without the call) is the events' reading plus a few microseconds of launch; a host that
+        reports less than its calls took (its timer patched, events moved) leaves a larger gap. In
+        cold mode each call's round trip also holds the device's switch from the judge's context to
+        the host's, tens of microseconds of jitter: a block is held to a gross bound here, the shape
+        to a tight one (check_clock_shape: against the baseline's gaps, taken alike)."""
+        noop = self.overhead_us(kernel)
+        gaps = [rt - noop - ev for rt, ev in zip(rts_us, reported_us)]
+        self.shape_gaps.setdefault((kernel.role, kind), []).extend(gaps)
+        self.shape_reported.setdefault((kernel.role, kind), []).extend(reported_us)
+        gap = statistics.median(gaps)
+        self.clock_gaps.setdefault(f"{kernel.role} {kind}", []).append(gap)
+        allowed = BLOCK_CLOCK_SLACK_US + BLOCK_CLOCK_SLACK_FRACTION * statistics.median(reported_us)
+        if gap > allowed:
+            self._forged(kernel, gap, allowed, "median over a block")
+
+    def check_clock_shape(self, kernel: RemoteKernel, baseline: RemoteKernel | None) -> None:
+        """Over a shape (all its blocks of one mode), the candidate's median gap may exceed the
+        baseline's, taken in the same interleaved way, by CLOCK_SLACK_US plus CLOCK_SLACK_FRACTION of
+        its median reading; without a baseline's, the gap itself is held to LONE_CLOCK_SLACK_US."""
+        shape_gaps, reported = self.shape_gaps, self.shape_reported
+        self.shape_gaps, self.shape_reported = {}, {}
+        for (role, kind), gaps in shape_gaps.items():
+            if role != kernel.role:
+                continue
+            base = shape_gaps.get((baseline.role, kind)) if baseline is not None else None
+            gap = statistics.median(gaps) - (statistics.median(base) if base else 0.0)
+            slack = CLOCK_SLACK_US if base else LONE_CLOCK_SLACK_US
+            allowed = slack + CLOCK_SLACK_FRACTION * statistics.median(reported[(role, kind)])
+            if gap > allowed:
+                self._forged(kernel, gap, allowed, f"median over the shape ({kind})" +
+                             (", beyond the baseline's" if base else ""))  # fmt: skip
+
+    @staticmethod
+    def _forged(kernel: RemoteKernel, gap: float, allowed: float, how: str) -> None:
+        kernel.close()
+        raise KernelFailure(f"{kernel.role}: its calls took {gap:.1f} us longer by the judge's clock than the kernel "
+                            f"process reported ({how}; {allowed:.1f} us allowed for the launch): a forged clock")
+
+
 class RemoteKernel:
-    """One library in its own kernel host; called like abi.Kernel: kernel(packed) -> rc."""
+    """One library in its own kernel host; called like abi.Kernel: kernel(packed) -> rc.
+
+    After each call, last_rt_ns is the judge's round trip and last_ns the host's own reading (CPU:
+    its clock; CUDA: its events). `before_send` (CUDA: the judge's stream synchronize) runs before
+    every call, so what the judge wrote into the buffers is there when the host's kernel starts."""
 
     _ids = 0
 
-    def __init__(self, library: str, entry: str, role: str, arena: Arena, memory_limit_mb: int, hosts: Hosts) -> None:
+    def __init__(self, library: str, entry: str, role: str, arena: Arena | CudaArena, memory_limit_mb: int,
+                 hosts: Hosts, before_send=None) -> None:  # fmt: skip
         self.role, self.arena = role, arena
+        self.cuda = arena.target == "cuda"
+        self.before_send = before_send or (lambda: None)
         RemoteKernel._ids += 1
         self.serial = RemoteKernel._ids  # names this host in the packs registered with it
-        self.last_rt_ns = 0
+        self.last_rt_ns = self.last_ns = 0
         self._forgotten: list[int] = []
+        self._segments_sent = 0
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
+        arena_arg, fds = arena.spawn
         # The interpreter's real file (a venv's bin/python may be a link the jail does not show) and no
         # site (the host imports only kopt's own torch-free modules, found through PYTHONPATH).
-        argv = [os.path.realpath(sys.executable), "-S", "-m", "gpu_worker.kernel_host", str(theirs.fileno()), str(arena.fd),
-                str(arena.size), library, entry, role, str(memory_limit_mb)]  # fmt: skip
+        argv = [os.path.realpath(sys.executable), "-S", "-m", "gpu_worker.kernel_host", str(theirs.fileno()),
+                arena.target, arena_arg, library, entry, role, str(memory_limit_mb)]  # fmt: skip
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p)
-        self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(), arena.fd), stdin=subprocess.DEVNULL, env=env)
+        self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(), *fds), stdin=subprocess.DEVNULL, env=env)
         theirs.close()
         self.sock.settimeout(LOAD_TIMEOUT_S)
         try:
@@ -162,6 +350,7 @@ class RemoteKernel:
             raise KernelFailure(first[1:].decode(errors="replace"))
         if first != b"R":
             raise KernelFailure(self._died())
+        self.threads = self.tasks()
         hosts.members.append(self)
 
     def _died(self) -> str:
@@ -193,7 +382,9 @@ class RemoteKernel:
         except OSError:
             raise KernelFailure(self._died()) from None
 
-    def _reply(self) -> tuple[int, int]:
+    def _reply(self, fatal: bool = True) -> tuple[int, int]:
+        """(rc, the host's ns) of the reply to the last message; a CUDA error ends the host (unless
+        not `fatal`: then it is raised as CaptureFailed and the host stays)."""
         try:
             msg = self.sock.recv(64)
         except OSError:
@@ -203,7 +394,16 @@ class RemoteKernel:
                 self.close()
                 raise KernelFailure(f"{self.role}: broke the kernel host's protocol during a call")
             raise KernelFailure(self._died())
-        return REPLY.unpack(msg)
+        rc, ns, status = REPLY.unpack(msg)
+        if status:
+            from gpu_worker.cuda_driver import error_name
+
+            if not fatal:
+                raise CaptureFailed(error_name(status) or "an unknown CUDA error")
+            self.close()  # its context is broken: the judge's own context is not
+            raise KernelFailure(f"{self.role}: CUDA error after the kernel call: "
+                                f"{error_name(status) or 'an unknown CUDA error'}")  # fmt: skip
+        return rc, ns
 
     def _register(self, packed: Packed) -> int:
         ids = packed.__dict__.setdefault("remote_ids", {})
@@ -216,33 +416,72 @@ class RemoteKernel:
             extent = (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size() if t.numel() else 0
             body.append(TENSOR_HEAD.pack(self.arena.offset_of(t.data_ptr(), extent), KOPT_DTYPES[t.dtype], t.dim()))
             body.append(struct.pack(f"<{2 * t.dim()}q", *t.shape, *t.stride()))
+        for seg, size, fd in self.arena.segments()[self._segments_sent :]:  # new device segments first
+            try:
+                socket.send_fds(self.sock, [b"S" + SEGMENT.pack(seg, size)], [fd])
+            except OSError:
+                raise KernelFailure(self._died()) from None
+            self._segments_sent += 1
         self._send(b"".join(body))
         ids[self.serial] = pack_id
         weakref.finalize(packed, self._forgotten.append, pack_id)
         return pack_id
 
-    def __call__(self, packed: Packed, stream: int | None = None) -> int:
-        message = b"C" + CALL.pack(self._register(packed))
+    def _timed(self, message: bytes) -> int:
+        """Send one message that runs kernel code; the judge's round trip, checked against the host's
+        own reading (which cannot be longer than the round trip it happened in)."""
+        self.before_send()
         t0 = time.perf_counter_ns()
         self._send(message)
-        rc, host_ns = self._reply()
+        rc, self.last_ns = self._reply()
         self.last_rt_ns = time.perf_counter_ns() - t0
-        if host_ns > self.last_rt_ns:
+        if self.last_ns > self.last_rt_ns:
             self.close()
-            raise KernelFailure(f"{self.role}: the kernel process reported a call of {host_ns} ns that the judge "
+            raise KernelFailure(f"{self.role}: the kernel process reported a call of {self.last_ns} ns that the judge "
                                 f"timed at {self.last_rt_ns} ns (a forged clock)")  # fmt: skip
         return rc
 
-    def cpu_ns(self) -> int | None:
-        """CPU time the host has used so far (ns, /proc/PID/schedstat); None where not available."""
+    def __call__(self, packed: Packed, stream: int | None = None) -> int:
+        return self._timed(b"C" + CALL.pack(self._register(packed)))
+
+    def capture(self, packs: list[Packed]) -> int:
+        """CUDA: a graph of one call per pack, in order, kept by the host; its id."""
+        ids = [self._register(p) for p in packs]
+        self.before_send()
+        self._send(b"G" + CALL.pack(len(ids)) + struct.pack(f"<{len(ids)}I", *ids))
+        rc, graph = self._reply(fatal=False)
+        if rc:
+            raise KernelFailure(f"{self.role}: {error_message(rc)} during graph capture")
+        return graph
+
+    def replay(self, graph: int) -> None:
+        """CUDA: launch a captured graph once and wait for it (last_ns: the host's event reading)."""
+        self._timed(b"R" + CALL.pack(graph))
+
+    def burst(self, packed: Packed, count: int) -> int:
+        """CUDA: `count` calls back to back, then the host waits for its whole context."""
+        return self._timed(b"H" + BURST.pack(self._register(packed), count))
+
+    def tasks(self) -> int:
         try:
-            with open(f"/proc/{self.proc.pid}/schedstat", "rb") as f:
-                return int(f.read().split()[0])
+            return len(os.listdir(f"/proc/{self.proc.pid}/task"))
+        except OSError:
+            return 0
+
+    def cpu_ns(self) -> int | None:
+        """CPU time all of the host's threads have used so far (ns, /proc/PID/task/*/schedstat); None
+        where not available."""
+        total = 0
+        try:
+            for tid in os.listdir(f"/proc/{self.proc.pid}/task"):
+                with open(f"/proc/{self.proc.pid}/task/{tid}/schedstat", "rb") as f:
+                    total += int(f.read().split()[0])
         except (OSError, ValueError, IndexError):
             return None
+        return total
 
     def ping(self) -> float:
-        """One no-op round trip, in microseconds."""
+        """One no-op round trip, in microseconds (CUDA: two events on the host's stream and a wait)."""
         t0 = time.perf_counter_ns()
         self._send(b"N")
         self._reply()

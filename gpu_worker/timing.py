@@ -9,6 +9,8 @@ counted. Measurers:
   cuda_measure   cold L2: a 2x-L2 buffer overwritten before each event-timed call (mode "cold")
   GraphTimer     a CUDA graph of many back-to-back calls over rotating inputs larger than L2,
                  event-timed per replay, reported per call (mode "graph")
+The kernels run in kernel hosts (remote.py): on CUDA the host's events give the figure and the
+judge's clock checks them (remote.Hosts.check_clock).
 """
 
 from __future__ import annotations
@@ -205,64 +207,67 @@ class ColdL2:
         self.buf.zero_()
 
 
-def cuda_measure(call: Callable[[], None], before: Callable[[], None], cold: ColdL2) -> Measure:
-    """Event pair on the current stream around each call, after `before` and an L2 flush; one
-    synchronize per batch keeps the host ahead of the device so launches overlap the flush."""
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(BATCH)]
+def cuda_measure(call: Callable[[], None], before: Callable[[], None], kernel, hosts, cold: ColdL2) -> Measure:
+    """CUDA kernels in a kernel host, cold L2: the judge refreshes the inputs and flushes the L2 on
+    its own stream and waits for them (outside the timed region), then the host records an event
+    pair around the call on its stream and waits for it. A sample is the host's event reading, which
+    the judge believes only as far as its own clock agrees over the block (Hosts.check_clock: the
+    round trip less the host's no-op round trip); Hosts.check_idle watches the hosts' threads."""
+
+    def flushed() -> None:
+        cold.flush()
+        torch.cuda.current_stream().synchronize()
 
     def measure(n: int) -> list[float]:
-        stream = torch.cuda.current_stream()
-        for k in range(n):
+        hosts.calibrate(kernel, PINGS_PER_BLOCK, flushed)
+        out, rts = [], []
+        cpu_before = hosts.cpu()
+        for _ in range(n):
             before()
             cold.flush()
-            events[k][0].record(stream)
-            call()
-            events[k][1].record(stream)
-        events[n - 1][1].synchronize()
-        return [s.elapsed_time(e) * 1e3 for s, e in events[:n]]
+            call()  # the kernel host syncs the judge's stream before its round trip starts
+            rts.append(kernel.last_rt_ns / 1e3)
+            out.append(kernel.last_ns / 1e3)
+        hosts.check_idle(cpu_before, kernel, int(sum(rts) * 1e3), n)
+        hosts.check_clock(kernel, "cold", rts, out)
+        return out
 
     return measure
 
 
 class GraphTimer:
-    """Calls captured back to back in one CUDA graph (one call per slot, slots rotate over inputs
-    whose total exceeds L2); a sample is one replay's event time divided by the number of calls."""
+    """Calls captured back to back in one CUDA graph by the kernel host (one call per slot, slots
+    rotate over inputs whose total exceeds L2); a sample is one replay's event time divided by the
+    number of calls, cross-checked per block against the judge's clock as in cuda_measure."""
 
-    def __init__(self, capture: Callable[[int], None], calls: int, stream: torch.cuda.Stream) -> None:
-        self.calls = calls
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, stream=stream):
-            capture(torch.cuda.current_stream().cuda_stream)
-        self.events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                       for _ in range(BATCH)]  # fmt: skip
+    def __init__(self, kernel, packs: list, hosts) -> None:
+        self.kernel, self.hosts = kernel, hosts
+        self.calls = len(packs)
+        self.graph = kernel.capture(packs)
 
     def replay(self) -> None:
-        self.graph.replay()
+        self.kernel.replay(self.graph)
 
     def measure(self, n: int) -> list[float]:
-        stream = torch.cuda.current_stream()
-        for k in range(n):
-            self.events[k][0].record(stream)
-            self.graph.replay()
-            self.events[k][1].record(stream)
-        self.events[n - 1][1].synchronize()
-        return [s.elapsed_time(e) * 1e3 / self.calls for s, e in self.events[:n]]
+        kernel, hosts = self.kernel, self.hosts
+        hosts.calibrate(kernel, PINGS_PER_BLOCK)
+        per_replay, rts = [], []
+        cpu_before = hosts.cpu()
+        for _ in range(n):
+            kernel.replay(self.graph)
+            rts.append(kernel.last_rt_ns / 1e3)
+            per_replay.append(kernel.last_ns / 1e3)
+        hosts.check_idle(cpu_before, kernel, int(sum(rts) * 1e3), n)
+        hosts.check_clock(kernel, "graph", rts, per_replay)
+        return [t / self.calls for t in per_replay]
 
 
-def hidden_work(call: Callable[[], None], calls: int) -> tuple[float, float]:
-    """(event seconds on the harness stream, wall seconds to a device-wide synchronize) for `calls`
-    back-to-back calls. Work a kernel hides on another stream shows in the second only."""
-    torch.cuda.synchronize()
-    stream = torch.cuda.current_stream()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0 = time.perf_counter()
-    start.record(stream)
-    for _ in range(calls):
-        call()
-    end.record(stream)
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
-    return start.elapsed_time(end) / 1e3, wall
+def hidden_work(kernel, packed, calls: int) -> tuple[float, float]:
+    """(event seconds on the host's stream, the judge's seconds for the round trip) of `calls`
+    back-to-back calls after which the host waits for its whole context. Work a kernel hides on
+    another stream shows in the second only."""
+    kernel.burst(packed, calls)
+    return kernel.last_ns / 1e9, kernel.last_rt_ns / 1e9
 
 
 # ---------------------------------------------------------------- speed of light

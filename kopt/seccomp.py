@@ -1,6 +1,6 @@
 """Seccomp-BPF filters for contained processes (ctypes only; no torch).
 
-Three profiles (docs/decisions/0011-trust-boundary.md, 0014):
+Four profiles (docs/decisions/0011-trust-boundary.md, 0014, 0015):
 
 - `harness`: the process that loads candidate code. An allow-list on x86_64: a system call that is
   not named below is refused with EPERM, so calls that kernels add later (io_uring was one) are
@@ -13,6 +13,9 @@ Three profiles (docs/decisions/0011-trust-boundary.md, 0014):
   signals and without leaving the CPU the judge pinned it to, so no code of the library runs
   between the calls the judge makes: the host shares one core with the judge, which is busy
   between calls (and a loop that keeps running after its reply shows in the host's CPU time).
+- `cuda-host`: a kernel host on the CUDA target. The CUDA driver starts threads of its own, so
+  threads are allowed as in the harness profile; the timers and affinity calls of `host` are
+  refused. The judge counts the host's threads and their CPU time instead.
 - `tool`: compilers and compute-sanitizer, which fork and exec. A deny-list (EPERM) of the same
   dangerous calls; the namespaces around the tool are what contain it.
 
@@ -27,7 +30,7 @@ import os
 import platform
 from typing import Literal
 
-Profile = Literal["harness", "host", "tool"]
+Profile = Literal["harness", "host", "cuda-host", "tool"]
 
 # BPF opcodes and seccomp return values
 _LD_W_ABS, _JEQ, _JSET, _JGE, _JA, _RET = 0x20, 0x15, 0x45, 0x35, 0x05, 0x06
@@ -165,7 +168,7 @@ def _program(profile: Profile, arch: str, pid: int) -> list[tuple[int, int, int,
     """The filter as (code, jt, jf, k). Jumps name a terminal ("allow", "kill", "eperm", "enosys") or
     a local label; a terminal name resolves to the next block of terminals after the jump."""
     audit, _, nr = _ARCHES[arch]
-    contained = profile in ("harness", "host")
+    contained = profile in ("harness", "host", "cuda-host")
     allow_list = contained and arch == "x86_64"
     default = "eperm" if allow_list else "allow"
     body: list[tuple] = []
@@ -176,7 +179,7 @@ def _program(profile: Profile, arch: str, pid: int) -> list[tuple[int, int, int,
 
     # Conditional calls first, each with its own argument checks.
     special: list[tuple[str, list[tuple]]] = [("clone3", [(_RET, 0, 0, _ERRNO | _ENOSYS)])]  # glibc falls back
-    if profile == "harness":
+    if profile in ("harness", "cuda-host"):
         special.append(("clone", [(_LD_W_ABS, 0, 0, _arg(0)), (_JSET, "allow", "kill", _CLONE_THREAD)]))
     if contained:
         special += [(name, own_pid(0)) for name in SIGNALS]
@@ -186,6 +189,7 @@ def _program(profile: Profile, arch: str, pid: int) -> list[tuple[int, int, int,
     plain: list[tuple[str, str]] = [(name, "kill") for name in DANGEROUS]
     if profile == "host":  # no threads, and no timer signals whose handlers would run between calls
         plain.append(("clone", "kill"))
+    if profile in ("host", "cuda-host"):
         plain += [(name, "eperm") for name in HOST_DENIED]
     if contained:
         plain += [(name, "kill") for name in PROCESS_STARTS]

@@ -213,7 +213,17 @@ def cuda_libs(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cheat", [c for c in CUDA_CHEATS if c.layer != "static"], ids=lambda c: c.name)
+@pytest.mark.parametrize("cheat", [c for c in CUDA_CHEATS if c.layer == "ab"], ids=lambda c: c.name)
+def test_cuda_cheat_gains_nothing_against_the_baseline(cuda_libs, cheat):
+    result = asyncio.run(run_cheat(cheat, cuda_libs[cheat.name], cuda_libs["baseline_silu_and_mul"], "cuda",
+                                   asyncio.Semaphore(1)))  # fmt: skip
+    assert result.ab is not None or not result.ok, result
+    if result.ok:
+        assert result.ab.verdict != "faster" and result.ab.speedup_geomean < 1.5, result.ab
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cheat", [c for c in CUDA_CHEATS if c.layer not in ("static", "ab")], ids=lambda c: c.name)
 def test_cuda_cheat_is_rejected(cuda_libs, cheat):
     result = asyncio.run(run_cheat(cheat, cuda_libs[cheat.name], cuda_libs["baseline_silu_and_mul"], "cuda",
                                    asyncio.Semaphore(1)))  # fmt: skip

@@ -79,7 +79,7 @@ static int control_socket() {
 }
 
 static void reply(int fd, int32_t rc, int64_t ns) {
-  char out[12];
+  char out[16] = {0};  // <rc, ns, status>
   memcpy(out, &rc, 4);
   memcpy(out + 4, &ns, 8);
   (void)!send(fd, out, sizeof out, 0);

