@@ -59,18 +59,30 @@ def _earlier_calls() -> list[LLMCall]:
     return calls
 
 
+KEPT_FAILED_CALLS = 20  # records of earlier attempts that spent nothing (an outage's 500s), newest kept
+
+
+def _trim(calls: list[LLMCall]) -> list[LLMCall]:
+    """Earlier attempts' records, without all but the last KEPT_FAILED_CALLS of those that spent no
+    tokens: an endpoint down for hours would otherwise grow every heartbeat and the final result."""
+    free = [i for i, c in enumerate(calls) if not c.usage.prompt_tokens and not c.usage.completion_tokens]
+    drop = set(free[:-KEPT_FAILED_CALLS]) if len(free) > KEPT_FAILED_CALLS else set()
+    return [c for i, c in enumerate(calls) if i not in drop]
+
+
 async def _carrying(role_call):
     """Await a role; its calls come back with the earlier attempts' calls in front. A retryable failure
-    heartbeats all records so far for the next attempt; a final one carries them in its details."""
-    earlier = _earlier_calls()
+    heartbeats all records so far for the next attempt; every failure carries them in its details
+    (a workflow whose retry policy ends at this failure counts them from there)."""
+    earlier = _trim(_earlier_calls())
     try:
         *out, calls = await role_call
     except ApplicationError as err:
         dumped = [c.model_dump(mode="json") for c in earlier]
         if not err.non_retryable:
             activity.heartbeat(*dumped, *err.details)  # flushed before the failure is reported
-            raise
-        raise ApplicationError(err.message, *dumped, *err.details, type=err.type, non_retryable=True) from None
+        raise ApplicationError(err.message, *dumped, *err.details, type=err.type, non_retryable=err.non_retryable,
+                               next_retry_delay=err.next_retry_delay) from None
     return (*out, [*earlier, *calls])
 
 

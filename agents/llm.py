@@ -14,6 +14,7 @@ import asyncio
 import email.utils
 import json
 import os
+import random
 import re
 import string
 import time
@@ -30,25 +31,38 @@ from pydantic import BaseModel, ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from kopt.agent_models import LLMCall, LLMConfig, LLMMessage, LLMUsage, setting_name
+from kopt.agent_models import (  # noqa: F401 - the error types are part of this module's interface
+    AUTH,
+    BAD_REQUEST,
+    CONFIG,
+    CONNECTION,
+    NOT_FOUND,
+    OUTPUT_INVALID,
+    RATE_LIMITED,
+    REFUSED,
+    SERVER_ERROR,
+    TIMEOUT,
+    LLMCall,
+    LLMConfig,
+    LLMMessage,
+    LLMUsage,
+    setting_name,
+)
 from kopt.redact import redact
 
 PROMPTS = Path(__file__).parent / "prompts"
 NO_KEY = "no-key"  # sent when api_key_env is empty: servers without auth ignore it
 MAX_RETRY_AFTER_S = 3600.0
 DETAIL_CHARS = 300
+# A reply longer than this is not a usable answer (a code reply is a few KB): it fails like invalid
+# JSON, and only its first MAX_REPLY_CHARS go into history and into the repair turn, so no reply
+# size can break Temporal's payload limits.
+MAX_REPLY_CHARS = 100_000
+# Backoff of an unavailable endpoint (5xx, timeout, no connection) without a Retry-After: 2^(attempt-1)
+# seconds up to BACKOFF_MAX_S, times a random factor in [0.5, 1] (runs sharing an endpoint spread out).
+BACKOFF_MAX_S = 120.0
 
 # Error types (ApplicationError.type), for retry policies and for people reading history.
-RATE_LIMITED = "LLMRateLimited"
-SERVER_ERROR = "LLMServerError"
-TIMEOUT = "LLMTimeout"
-CONNECTION = "LLMConnectionError"
-AUTH = "LLMAuthError"
-NOT_FOUND = "LLMNotFound"
-BAD_REQUEST = "LLMBadRequest"
-CONFIG = "LLMConfigError"
-OUTPUT_INVALID = "LLMOutputInvalid"
-REFUSED = "LLMRefused"
 NON_RETRYABLE_TYPES = [AUTH, NOT_FOUND, BAD_REQUEST, CONFIG, REFUSED]
 
 T = TypeVar("T", bound=BaseModel)
@@ -157,6 +171,15 @@ def retry_after_seconds(headers: Mapping[str, str], now: datetime | None = None)
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
+def backoff_s(attempt: int) -> float:
+    """Jittered exponential delay before the next attempt of an activity whose endpoint was down."""
+    return min(BACKOFF_MAX_S, 2.0 ** max(attempt - 1, 0)) * random.uniform(0.5, 1.0)
+
+
+def _attempt() -> int:
+    return activity.info().attempt if activity.in_activity() else 1
+
+
 def is_retryable_status(status: int) -> bool:
     """Statuses a later attempt can fix: rate limits, server errors, request timeout, conflict."""
     return status in (408, 409, 429) or status >= 500
@@ -166,7 +189,7 @@ def http_error(status: int, *, detail: str, retry_after: float | None, cfg: LLMC
                model: str) -> ApplicationError:
     """Map an HTTP error status of the endpoint to the ApplicationError Temporal should see."""
     where = f"{redact_url(cfg.base_url)} (model {model!r}, role {role})"
-    delay = timedelta(seconds=retry_after) if retry_after is not None else None
+    delay = timedelta(seconds=retry_after if retry_after is not None else backoff_s(_attempt()))
     if is_retryable_status(status):
         kind = RATE_LIMITED if status == 429 else SERVER_ERROR
         after = f"; retry after {retry_after:g}s" if retry_after is not None else ""
@@ -319,11 +342,13 @@ async def chat_json(cfg: LLMConfig, role: str, messages: list[LLMMessage], schem
                 raise _failed(record, start, err, calls) from None
             except openai.APITimeoutError:
                 err = ApplicationError(f"no reply from {redact_url(cfg.base_url)} within {cfg.timeout_s:g}s "
-                                       f"({setting_name('timeout_s')}; model {model!r}, role {role})", type=TIMEOUT)
+                                       f"({setting_name('timeout_s')}; model {model!r}, role {role})", type=TIMEOUT,
+                                       next_retry_delay=timedelta(seconds=backoff_s(_attempt())))
                 raise _failed(record, start, err, calls) from None
             except openai.APIConnectionError as exc:
                 err = ApplicationError(f"cannot reach {redact_url(cfg.base_url)} ({setting_name('base_url')}): "
-                                       f"{scrub(str(exc.__cause__ or exc), key)}", type=CONNECTION)
+                                       f"{scrub(str(exc.__cause__ or exc), key)}", type=CONNECTION,
+                                       next_retry_delay=timedelta(seconds=backoff_s(_attempt())))
                 raise _failed(record, start, err, calls) from None
             record.latency_s = round(time.monotonic() - start, 3)
             _account(record, resp, cfg)
@@ -332,6 +357,9 @@ async def chat_json(cfg: LLMConfig, role: str, messages: list[LLMMessage], schem
 
             choice = resp.choices[0] if resp.choices else None
             text = choice.message.content if choice else None
+            too_long = text is not None and len(text) > MAX_REPLY_CHARS
+            if too_long:
+                text = text[:MAX_REPLY_CHARS]
             record.response_text = scrub(text, key)
             record.finish_reason = choice.finish_reason if choice else None
             refusal = getattr(choice.message, "refusal", None) if choice else None
@@ -343,6 +371,9 @@ async def chat_json(cfg: LLMConfig, role: str, messages: list[LLMMessage], schem
                     calls) from None
 
             try:
+                if too_long:
+                    raise ValueError(f"the reply was longer than {MAX_REPLY_CHARS} characters (cut there); reply with "
+                                     "one JSON object of the size the schema asks for")
                 reply = _parse(text, record.finish_reason, schema, cfg)
                 result = check(reply) if check is not None else reply
             except (ValueError, ValidationError) as exc:

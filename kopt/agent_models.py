@@ -37,6 +37,20 @@ ENV_PREFIX = "KOPT_OPENAI_"
 # slots see it in their history so that they propose something else; it is not a failure.
 EVALUATING = "being evaluated in this round"
 
+# ApplicationError types of the agent activities (agents/llm.py raises them; the workflow sorts them).
+RATE_LIMITED = "LLMRateLimited"
+SERVER_ERROR = "LLMServerError"
+TIMEOUT = "LLMTimeout"
+CONNECTION = "LLMConnectionError"
+AUTH = "LLMAuthError"
+NOT_FOUND = "LLMNotFound"
+BAD_REQUEST = "LLMBadRequest"
+CONFIG = "LLMConfigError"
+OUTPUT_INVALID = "LLMOutputInvalid"
+REFUSED = "LLMRefused"
+BAD_REPLY_TYPES = [OUTPUT_INVALID, REFUSED]  # the reply was unusable: that candidate fails, the run goes on
+STOP_TYPES = [AUTH, NOT_FOUND, BAD_REQUEST, CONFIG]  # no later attempt can succeed: the run stops
+
 
 def setting_name(field: str) -> str:
     """Environment variable of an LLMSettings field, for messages that say what to fix."""

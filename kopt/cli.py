@@ -12,7 +12,7 @@ from pathlib import Path
 import structlog
 
 from kopt import logs, queues
-from kopt.errors import RunFailed, UsageError
+from kopt.errors import RunFailed, UsageError, failure_chain
 from kopt.settings import Settings
 
 log = structlog.get_logger("kopt")
@@ -38,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - infrastructure failure: one line, non-zero
-        print(f"kopt: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if type(exc).__name__ == "WorkflowFailureError":
+            print(f"kopt: run failed: {failure_chain(exc)}", file=sys.stderr)
+        else:
+            print(f"kopt: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILED
 
 

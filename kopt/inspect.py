@@ -7,6 +7,7 @@ import html
 import json
 import sys
 from contextlib import asynccontextmanager
+from datetime import datetime, timezone
 
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -82,15 +83,44 @@ async def status(client: Client, run: str, out=sys.stdout) -> Progress | None:
           f"best {best}", file=out)
     if progress.pending_approval:
         print(f"  waiting for approval of {progress.pending_approval}", file=out)
+    for line in await llm_waits(handle, desc):
+        print(f"  {line}", file=out)
     for event in progress.events[-5:]:
         print(f"  {event}", file=out)
     return progress
+
+
+AGENT_ACTIVITIES = {"plan": "planner", "code": "coder", "repair": "coder (repair turn)", "analyze": "profile analyst",
+                    "design_tests": "test designer", "single_agent": "single agent"}
+
+
+async def llm_waits(handle, desc) -> list[str]:
+    """One line per agent activity being retried because the endpoint failed: "waiting for the LLM
+    endpoint since <first attempt's start> (planner, attempt 4): HTTP 500 from ..."."""
+    pending = [p for p in desc.raw_description.pending_activities
+               if p.activity_type.name in AGENT_ACTIVITIES and p.attempt > 1 and p.HasField("last_failure")]
+    if not pending:
+        return []
+    scheduled: dict[str, datetime] = {}
+    async for event in handle.fetch_history_events():
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            scheduled[event.activity_task_scheduled_event_attributes.activity_id] = event.event_time.ToDatetime(
+                tzinfo=timezone.utc)
+    lines = []
+    for p in pending:
+        since = scheduled.get(p.activity_id)
+        when = since.strftime("%Y-%m-%d %H:%M:%S UTC") if since else "an earlier attempt"
+        error = p.last_failure.message.strip().splitlines()[0] if p.last_failure.message.strip() else "no detail"
+        lines.append(f"waiting for the LLM endpoint since {when} ({AGENT_ACTIVITIES[p.activity_type.name]}, "
+                     f"attempt {p.attempt}): {error}")
+    return lines
 
 
 async def watch(client: Client, run: str, out=sys.stdout, interval: float = 1.0) -> None:
     """Live view: a progress bar and new events until the run closes."""
     handle = client.get_workflow_handle(run)
     seen = 0
+    shown_waits: list[str] = []
     while True:
         desc = await handle.describe()
         try:
@@ -106,6 +136,11 @@ async def watch(client: Client, run: str, out=sys.stdout, interval: float = 1.0)
             bar = "#" * int(30 * done / max(p.rounds, 1))
             best = f"{p.best_speedup:.3f}x" if p.best_speedup else "-"
             print(f"[{bar:30}] round {done}/{p.rounds} {p.phase:18} best {best}", file=out, flush=True)
+            waits = await llm_waits(handle, desc)
+            if waits != shown_waits:
+                for line in waits:
+                    print(f"  {line}", file=out, flush=True)
+                shown_waits = waits
         if desc.status != WorkflowExecutionStatus.RUNNING:
             print(f"run {run}: {desc.status.name.lower()}", file=out)
             return

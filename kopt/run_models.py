@@ -166,5 +166,6 @@ class OptimizeResult(BaseModel):
     best: BestSummary | None
     segments: int = 1
     stop_reason: str | None = None  # why the run ended before its last round (budget, patience...)
+    llm_stopped: bool = False  # stop_reason is an LLM endpoint error no retry could fix (key, model)
     extra_test_shapes: list[Shape] = Field(default_factory=list)  # added by the test designer
     usage: Usage = Field(default_factory=Usage)

@@ -155,6 +155,8 @@ async def run_optimization(req: OptimizeRequest, kernel_dir: Path, report_dir: P
         say(f"best: {best.candidate_id} (round {best.round}) geomean speedup {best.speedup_geomean:.3f}x over "
             f"the baseline")
         say(f"report: {target_dir / 'report.json'} and report.md")
+        if result.llm_stopped:  # the report holds the best so far; the reason needs a person
+            raise RunFailed(f"run {wf_id} stopped early: {result.stop_reason}")
     return 0
 
 

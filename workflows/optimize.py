@@ -15,10 +15,13 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from kopt import queues
     from kopt.agent_models import (
+        BAD_REPLY_TYPES,
+        STOP_TYPES,
         AgentCodeRequest,
         AgentPlanRequest,
         AnalyzeRequest,
@@ -26,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         Diagnosis,
         DiagnosisOutput,
         EVALUATING,
+        LLMCall,
         PlanOutput,
         SingleAgentOutput,
         SingleAgentRequest,
@@ -60,10 +64,21 @@ with workflow.unsafe.imports_passed_through():
     )
 
 NON_RETRYABLE = ["InvalidRequest"]
+NON_RETRYABLE_TYPES = NON_RETRYABLE
 AGENT_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(minutes=2),
                           non_retryable_error_types=NON_RETRYABLE)
 BUILD_RETRY = RetryPolicy(maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
 EXEC_RETRY = RetryPolicy(maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
+# Runs started with LLM_FAULTS_PATCH (docs/decisions/0016): an unusable reply fails its candidate and
+# the round goes on; an unavailable endpoint is retried with backoff for as long as the wall-time
+# budget allows (the run waits); only errors no retry can fix (key, model, request) stop the run, with
+# their reason in the result. Histories recorded before replay the old path (5 attempts, then fail).
+LLM_FAULTS_PATCH = "llm-faults"
+AGENT_RETRY_PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
+                                  maximum_interval=timedelta(minutes=2), maximum_attempts=0,
+                                  non_retryable_error_types=[*NON_RETRYABLE_TYPES, *BAD_REPLY_TYPES, *STOP_TYPES])
+BAD_REPLIES_BEFORE_FALLBACK = 3  # consecutive unusable replies of one role, then its offline stand-in
+OFFLINE_FALLBACK = ("plan", "code")  # roles with an offline stand-in (the others are skipped instead)
 MAX_EVENTS = 200
 # Plan requests carry the last records in full and a digest of the older ones (kopt.plan_history);
 # histories recorded before this change replay the old path, which sent every record.
@@ -73,6 +88,14 @@ KERNEL_KEY = SearchAttributeKey.for_keyword("KoptKernel")
 TARGET_KEY = SearchAttributeKey.for_keyword("KoptTarget")
 ROUND_KEY = SearchAttributeKey.for_int("KoptRound")
 BEST_KEY = SearchAttributeKey.for_float("KoptBestSpeedup")
+
+
+class BadReply(Exception):
+    """An agent's reply could not be used (invalid after its repair turn, refused, too long)."""
+
+
+class StopRun(Exception):
+    """The LLM endpoint refuses in a way no retry can fix, or the wall-time budget ran out waiting."""
 
 
 def speedups(baseline: ProfileResult, candidate: ProfileResult) -> list[ShapeSpeedup]:
@@ -119,6 +142,11 @@ class OptimizeKernel:
         self._usage = Usage()
         self._extra_shapes: list[Shape] = []  # accepted from the test designer, for every candidate
         self._baseline_library: ArtifactRef | None = None  # calibrates and A/B-times every candidate
+        self._patient = False  # LLM_FAULTS_PATCH: bad replies fail candidates, outages wait
+        self._bad_replies: dict[str, int] = {}  # activity -> consecutive unusable replies
+        self._fallback: set[str] = set()  # activities now served by the offline provider
+        self._stop: str | None = None  # why the LLM endpoint ended the run
+        self._started_at: float | None = None
 
     @workflow.query
     def progress(self) -> Progress:
@@ -146,6 +174,7 @@ class OptimizeKernel:
     @workflow.run
     async def run(self, req: OptimizeRequest) -> OptimizeResult:
         spec = req.package.spec
+        self._patient = workflow.patched(LLM_FAULTS_PATCH)
         self._progress.rounds = req.rounds
         state = req.state
         if state is None:
@@ -160,6 +189,7 @@ class OptimizeKernel:
         self._baseline_library = state.baseline.compile.library if state.baseline.compile else None
         self._progress.segment = state.segment
         self._progress.best_speedup = state.best_summary.speedup_geomean
+        self._started_at = state.started_at
         first_round = state.next_round
         stop_reason = None
 
@@ -176,7 +206,12 @@ class OptimizeKernel:
                 self._event(f"stopping before round {rnd}: {stop_reason}")
                 break
             self._progress.round = rnd
-            records = await self._round(req, state, rnd)
+            try:
+                records = await self._round(req, state, rnd)
+            except StopRun as stop:
+                stop_reason = self._stop = str(stop)
+                self._event(f"stopping in round {rnd}: {stop_reason}")
+                break
             if records is None:
                 stop_reason = "the planner has nothing new to try"
                 break
@@ -191,9 +226,12 @@ class OptimizeKernel:
         return OptimizeResult(kernel=spec.name, target=req.target, gpu_class=req.gpu_class, status="completed",
                               baseline=state.baseline, rounds=state.rounds, best=state.best_summary,
                               segments=state.segment, stop_reason=stop_reason, usage=self._usage,
-                              extra_test_shapes=state.extra_test_shapes)
+                              extra_test_shapes=state.extra_test_shapes,
+                              llm_stopped=self._stop is not None and stop_reason == self._stop)
 
     def _stop_reason(self, req: OptimizeRequest, state: RunState) -> str | None:
+        if self._stop:
+            return self._stop
         b, u = req.budgets, self._usage
         if b.max_cost_usd is not None and u.cost_usd >= b.max_cost_usd:
             return f"cost budget reached (${u.cost_usd:.4f} >= ${b.max_cost_usd})"
@@ -213,16 +251,23 @@ class OptimizeKernel:
         """Round 0: the test designer (LLM providers), then the baseline's compile, test and profile."""
         spec = req.package.spec
         started_at = workflow.now().timestamp()
+        self._started_at = started_at
         extra: list[Shape] = []
         if req.provider != "offline":
             self._progress.phase = "design_tests"
-            design: TestDesignOutput = await self._agent(
-                "design_tests", TestDesignRequest(package=req.package, target=req.target, limits=shape_limits(req),
-                                                  llm=req.llm), TestDesignOutput, req)
-            self._usage.add_calls(design.calls)
-            extra = design.review.accepted
-            self._event(f"round 0: test designer added {len(extra)} shape(s)"
-                        f"{', rejected ' + str(len(design.review.rejected)) if design.review.rejected else ''}")
+            try:
+                design: TestDesignOutput = await self._agent(
+                    "design_tests", TestDesignRequest(package=req.package, target=req.target,
+                                                      limits=shape_limits(req), llm=req.llm), TestDesignOutput, req)
+            except BadReply as bad:
+                self._event(f"round 0: no designed tests ({bad})")
+            except StopRun as stop:
+                self._stop = str(stop)  # the baseline is still measured; the loop stops before round 1
+            else:
+                self._usage.add_calls(design.calls)
+                extra = design.review.accepted
+                self._event(f"round 0: test designer added {len(extra)} shape(s)"
+                            f"{', rejected ' + str(len(design.review.rejected)) if design.review.rejected else ''}")
         self._progress.phase = "baseline"
         self._event(f"round 0: baseline {req.baseline.id} on {queues.exec_queue(req.target, req.gpu_class)}")
         baseline = await self._evaluate(req, 0, req.baseline, "baseline", "", extra)
@@ -249,17 +294,29 @@ class OptimizeKernel:
         """Propose N candidates, evaluate them in parallel, keep the best correct one if it is real."""
         diagnosis = await self._diagnose(req, state) if req.provider != "offline" and not req.single_agent else None
         proposals: list[tuple[Plan, CodeResult]] = []
+        slots: list[int] = []  # the round slot of each proposal
+        failed: list[RoundRecord] = []  # slots whose agent gave no usable reply
         pending = list(state.rounds)
         for slot in range(req.candidates_per_round):
             proposal = await self._propose(req, state, rnd, pending, diagnosis)
+            if isinstance(proposal, str):
+                failed.append(RoundRecord(round=rnd, candidate_id=f"round{rnd}-slot{slot}-no-candidate",
+                                          description="(no candidate)", tunables={}, flags=[], slot=slot,
+                                          compiled=False, correct=False, failure=proposal))
+                continue
             if proposal is None:
                 break
             plan, coded = proposal
             proposals.append(proposal)
+            slots.append(slot)
             # Later slots see this one as tried, so each slot proposes something different.
             pending.append(RoundRecord(round=rnd, candidate_id=coded.candidate.id, description=plan.description,
                                        tunables=plan.tunables, flags=plan.flags, slot=slot, compiled=False,
                                        correct=False, failure=EVALUATING))
+        if not proposals and failed:
+            for record in failed:
+                self._event(f"round {rnd}/{record.slot}: {record.failure}")
+            return failed
         if not proposals:
             self._event(f"round {rnd}: planner has nothing new to try; stopping")
             return None
@@ -296,53 +353,71 @@ class OptimizeKernel:
             ci = f" [{outcome.speedup_ci[0]:.3f}, {outcome.speedup_ci[1]:.3f}]" if outcome.speedup_ci else ""
             verdict = (f"{outcome.speedup_geomean:.3f}x{ci}" if outcome.speedup_geomean is not None
                        else f"rejected ({_failure(outcome)})")
-            tag = f"round {rnd}" + (f"/{slot}" if len(outcomes) > 1 else "")
+            tag = f"round {rnd}" + (f"/{slots[slot]}" if len(outcomes) + len(failed) > 1 else "")
             self._event(f"{tag}: {outcome.description}: {verdict}{' -> new best' if slot == accepted else ''}")
             records.append(RoundRecord(
                 round=rnd, candidate_id=cand.id, description=outcome.description, tunables=cand.tunables,
-                flags=cand.flags, slot=slot, compiled=bool(outcome.compile and outcome.compile.ok),
+                flags=cand.flags, slot=slots[slot], compiled=bool(outcome.compile and outcome.compile.ok),
                 correct=outcome.correct, speedup_geomean=outcome.speedup_geomean, failure=_failure(outcome),
                 compile_seconds=outcome.compile.seconds if outcome.compile else None, per_shape=outcome.per_shape,
                 speedup_ci=outcome.speedup_ci, accepted=slot == accepted))
-        return records
+        for record in failed:
+            self._event(f"round {rnd}/{record.slot}: {record.failure}")
+        return sorted([*records, *failed], key=lambda r: r.slot)
 
     async def _diagnose(self, req: OptimizeRequest, state: RunState) -> Diagnosis | None:
         best = state.best_outcome
         if best.profile is None:
             return None
         self._progress.phase = "analyze"
-        out: DiagnosisOutput = await self._agent(
-            "analyze", AnalyzeRequest(package=req.package, target=req.target, candidate=state.best,
-                                      compile=best.compile, profile=best.profile,
-                                      baseline=state.baseline.profile, llm=req.llm), DiagnosisOutput, req)
+        try:
+            out: DiagnosisOutput = await self._agent(
+                "analyze", AnalyzeRequest(package=req.package, target=req.target, candidate=state.best,
+                                          compile=best.compile, profile=best.profile,
+                                          baseline=state.baseline.profile, llm=req.llm), DiagnosisOutput, req)
+        except BadReply as bad:
+            self._event(f"no diagnosis this round ({bad})")
+            return None
         self._usage.add_calls(out.calls)
         return out.diagnosis
 
     async def _propose(self, req: OptimizeRequest, state: RunState, rnd: int, history: list[RoundRecord],
-                       diagnosis: Diagnosis | None) -> tuple[Plan, CodeResult] | None:
+                       diagnosis: Diagnosis | None) -> tuple[Plan, CodeResult] | str | None:
+        """A plan and its code; None when the planner has nothing new; the reason when an agent's
+        reply was unusable (LLM_FAULTS_PATCH: that slot fails, the round goes on)."""
         recent, earlier = history, None
         if workflow.patched(COMPACT_HISTORY_PATCH):
             recent, earlier = compact_history(history)
         plan_req = AgentPlanRequest(package=req.package, target=req.target, round=rnd, best=state.best,
                                     best_speedup=state.best_summary.speedup_geomean, history=recent,
-                                    earlier=earlier, provider=req.provider, seed=req.seed, llm=req.llm,
-                                    diagnosis=diagnosis)
+                                    earlier=earlier, provider=self._provider(req, "plan"), seed=req.seed,
+                                    llm=req.llm, diagnosis=diagnosis)
         if req.single_agent:
             self._progress.phase = "single_agent"
-            both: SingleAgentOutput = await self._agent(
-                "single_agent", SingleAgentRequest(**dict(plan_req), toolchain=req.toolchain), SingleAgentOutput, req)
+            try:
+                both: SingleAgentOutput = await self._agent(
+                    "single_agent", SingleAgentRequest(**dict(plan_req), toolchain=req.toolchain), SingleAgentOutput,
+                    req)
+            except BadReply as bad:
+                return str(bad)
             self._usage.add_calls(both.calls)
             return None if both.plan.exhausted else (both.plan, both.result)
         self._progress.phase = "plan"
-        planned: PlanOutput = await self._agent("plan", plan_req, PlanOutput, req)
+        try:
+            planned: PlanOutput = await self._agent("plan", plan_req, PlanOutput, req)
+        except BadReply as bad:
+            return str(bad)
         self._usage.add_calls(planned.calls)
         if planned.plan.exhausted:
             return None
         self._progress.phase = "code"
-        coded: CodeOutput = await self._agent(
-            "code", AgentCodeRequest(package=req.package, target=req.target, toolchain=req.toolchain,
-                                     plan=planned.plan, base=state.best, provider=req.provider, llm=req.llm,
-                                     diagnosis=diagnosis), CodeOutput, req)
+        try:
+            coded: CodeOutput = await self._agent(
+                "code", AgentCodeRequest(package=req.package, target=req.target, toolchain=req.toolchain,
+                                         plan=planned.plan, base=state.best, provider=self._provider(req, "code"),
+                                         llm=req.llm, diagnosis=diagnosis), CodeOutput, req)
+        except BadReply as bad:
+            return str(bad)
         self._usage.add_calls(coded.calls)
         return planned.plan, coded.result
 
@@ -351,27 +426,74 @@ class OptimizeKernel:
         """Evaluate one candidate; a compile error gets one repair turn with LLM providers."""
         cand = coded.candidate
         outcome = await self._evaluate(req, rnd, cand, plan.description, coded.diff, self._extra_shapes)
-        if outcome.compile is not None and not outcome.compile.ok and req.provider != "offline":
+        if (outcome.compile is not None and not outcome.compile.ok and req.provider != "offline"
+                and "code" not in self._fallback):
             self._event(f"round {rnd}: {cand.id} did not compile; one repair turn")
             code_req = AgentCodeRequest(package=req.package, target=req.target, toolchain=req.toolchain, plan=plan,
                                         base=base, provider=req.provider, llm=req.llm, diagnosis=diagnosis)
-            fixed: CodeOutput = await self._agent("repair", repair_request(code_req, cand, outcome.compile),
-                                                  CodeOutput, req)
+            try:
+                fixed: CodeOutput = await self._agent("repair", repair_request(code_req, cand, outcome.compile),
+                                                      CodeOutput, req)
+            except BadReply as bad:
+                self._event(f"round {rnd}: {cand.id}: no repair ({bad})")
+                return outcome, cand
             self._usage.add_calls(fixed.calls)
             cand = fixed.result.candidate
             outcome = await self._evaluate(req, rnd, cand, f"{plan.description} (repaired)", fixed.result.diff,
                                            self._extra_shapes)
         return outcome, cand
 
+    def _provider(self, req: OptimizeRequest, name: str) -> str:
+        return "offline" if name in self._fallback else req.provider
+
     async def _agent(self, name: str, arg, result_type, req: OptimizeRequest):
         t = req.timeouts
         timeout = t.agent_s
         if req.llm is not None:
             timeout = max(timeout, req.llm.activity_timeout().total_seconds())
-        return await workflow.execute_activity(
-            name, arg, task_queue=queues.AGENTS_QUEUE, start_to_close_timeout=timedelta(seconds=timeout),
-            heartbeat_timeout=timedelta(seconds=t.agent_heartbeat_s), retry_policy=AGENT_RETRY,
-            result_type=result_type)
+        if not self._patient:
+            return await workflow.execute_activity(
+                name, arg, task_queue=queues.AGENTS_QUEUE, start_to_close_timeout=timedelta(seconds=timeout),
+                heartbeat_timeout=timedelta(seconds=t.agent_heartbeat_s), retry_policy=AGENT_RETRY,
+                result_type=result_type)
+        # An unavailable endpoint is retried (jittered backoff, agents/llm.py) until the wall-time budget.
+        left = None
+        if req.budgets.max_wall_time_s is not None and self._started_at is not None:
+            left = timedelta(seconds=max(req.budgets.max_wall_time_s - (workflow.now().timestamp() - self._started_at),
+                                         1.0))
+        who = AGENT_NAMES.get(name, name)
+        try:
+            out = await workflow.execute_activity(
+                name, arg, task_queue=queues.AGENTS_QUEUE, start_to_close_timeout=timedelta(seconds=timeout),
+                schedule_to_close_timeout=left, heartbeat_timeout=timedelta(seconds=t.agent_heartbeat_s),
+                retry_policy=AGENT_RETRY_PATIENT, result_type=result_type)
+        except ActivityError as err:
+            cause = err.cause
+            if isinstance(cause, ApplicationError):
+                self._usage.add_calls(_calls_in(cause))  # what the failed attempts spent, counted once
+                if cause.type in BAD_REPLY_TYPES or (cause.type == "InvalidRequest" and name in self._fallback):
+                    self._note_bad_reply(name, who)
+                    raise BadReply(f"{who}: unusable reply: {cause.message}") from None
+                if not cause.non_retryable and cause.type not in STOP_TYPES and left is not None:
+                    # Temporal ends an unlimited retry with the last failure when the next attempt would
+                    # start after the schedule-to-close deadline: the wall-time budget.
+                    raise StopRun(f"wall-time budget reached while waiting for the LLM endpoint ({who}; last "
+                                  f"error: {cause.message})") from None
+                raise StopRun(f"{who}: {cause.message}") from None
+            if isinstance(cause, TimeoutError) and left is not None:
+                last = cause.cause.message if isinstance(cause.cause, ApplicationError) else "no reply"
+                raise StopRun(f"wall-time budget reached while waiting for the LLM endpoint ({who}; last error: "
+                              f"{last})") from None
+            raise
+        self._bad_replies[name] = 0
+        return out
+
+    def _note_bad_reply(self, name: str, who: str) -> None:
+        self._bad_replies[name] = self._bad_replies.get(name, 0) + 1
+        if self._bad_replies[name] >= BAD_REPLIES_BEFORE_FALLBACK and name in OFFLINE_FALLBACK \
+                and name not in self._fallback:
+            self._fallback.add(name)
+            self._event(f"{who}: {self._bad_replies[name]} unusable replies in a row; the offline {who} takes over")
 
     async def _await_approval(self, candidate_id: str, speedup: float) -> bool:
         self._pending, self._decision = candidate_id, None
@@ -423,6 +545,21 @@ class OptimizeKernel:
         if tested.correct:
             outcome.profile = await run_exec("profile", shapes.bench, ProfileResult)
         return outcome
+
+
+AGENT_NAMES = {"plan": "planner", "code": "coder", "repair": "coder (repair turn)", "analyze": "profile analyst",
+               "design_tests": "test designer", "single_agent": "single agent"}
+
+
+def _calls_in(err: ApplicationError) -> list[LLMCall]:
+    """The audit records an agent activity's failure carries in its details."""
+    calls = []
+    for detail in err.details:
+        try:
+            calls.append(LLMCall.model_validate(detail))
+        except Exception:  # noqa: BLE001 - details of another shape
+            continue
+    return calls
 
 
 def _failure(outcome: CandidateOutcome) -> str | None:
