@@ -48,6 +48,7 @@ from kopt.agent_models import (  # noqa: F401 - the error types are part of this
     LLMUsage,
     setting_name,
 )
+from agents import reply_cache
 from kopt.redact import redact
 
 PROMPTS = Path(__file__).parent / "prompts"
@@ -331,6 +332,12 @@ async def chat_json(cfg: LLMConfig, role: str, messages: list[LLMMessage], schem
                              messages=list(messages), attempt=attempt, repair=attempt > 1,
                              activity_attempt=activity.info().attempt if activity.in_activity() else 1)
             calls.append(record)
+            ckey = (reply_cache.key(cfg.cache_scope, cfg.base_url, {"messages": [m.model_dump() for m in messages],
+                                                                       **kwargs})
+                    if cfg.cache_scope else None)  # fmt: skip
+            hit = _from_cache(ckey, record, schema, check, cfg, key) if cfg.cache_read else None
+            if hit is not None:
+                return hit[0], calls
             start = time.monotonic()
             try:
                 resp = await heartbeating(client.chat.completions.create(
@@ -387,8 +394,32 @@ async def chat_json(cfg: LLMConfig, role: str, messages: list[LLMMessage], schem
                     f"the model's reply was still invalid after one repair turn (role {role}, model {model!r}): "
                     f"{problem}", type=OUTPUT_INVALID), calls) from None
             record.output = json.loads(scrub(reply.model_dump_json(), key) or "null")
+            if ckey is not None:
+                reply_cache.put(ckey, {"text": text, "finish_reason": record.finish_reason,
+                                       "response_model": record.response_model})
             return result, calls
     raise AssertionError("unreachable")
+
+
+def _from_cache(ckey: str | None, record: LLMCall, schema: type[T], check, cfg: LLMConfig,
+                key: str) -> tuple[Any] | None:
+    """(result,) from a reply an earlier run of this lineage received for the same request, filling
+    `record` (cached, nothing spent); None when there is none or it no longer passes its checks."""
+    entry = reply_cache.get(ckey) if ckey else None
+    if entry is None:
+        return None
+    try:
+        reply = _parse(entry["text"], entry.get("finish_reason"), schema, cfg)
+        result = check(reply) if check is not None else reply
+    except (ValueError, ValidationError, KeyError, TypeError):
+        return None
+    record.cached = True
+    record.response_text = scrub(entry["text"], key)
+    record.finish_reason = entry.get("finish_reason")
+    record.response_model = entry.get("response_model")
+    record.output = json.loads(scrub(reply.model_dump_json(), key) or "null")
+    _log().info("llm_call_cached", role=record.role, model=record.model)
+    return (result,)
 
 
 def _failed(record: LLMCall, start: float, err: ApplicationError, calls: list[LLMCall]) -> ApplicationError:

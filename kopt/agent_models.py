@@ -87,6 +87,11 @@ class LLMConfig(BaseModel):
     json_mode: bool = True  # send response_format={"type": "json_object"}
     roles: dict[str, RoleOverride] = Field(default_factory=dict)
     prices: dict[str, tuple[float, float]] = Field(default_factory=dict)  # model -> USD per 1M (in, out)
+    # Replies are cached per scope (agents/reply_cache.py): every `kopt optimize` draws a fresh scope,
+    # `kopt resume` keeps its run's, so a resumed run gets the answers its predecessor paid for.
+    cache_scope: str | None = None
+    cache_read: bool = False  # answer from the cache (the resumed run's first round only: elsewhere an
+    # identical prompt is asked again, as a fresh sample may differ)
 
     @field_validator("roles")
     @classmethod
@@ -144,6 +149,7 @@ class LLMCall(BaseModel):
     usage: LLMUsage = Field(default_factory=LLMUsage)
     cost_usd: float | None = None
     latency_s: float = 0.0
+    cached: bool = False  # answered from the reply cache of an earlier run of the same lineage (nothing spent)
     attempt: int = 1  # 2 = the one repair turn after an invalid reply
     repair: bool = False
     activity_attempt: int = 1  # Temporal's attempt of the agent activity that made the call

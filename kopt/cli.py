@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 from contextlib import AsyncExitStack
@@ -24,7 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     settings = Settings()
-    logs.configure(settings.log_format, "warning" if args.command == "optimize" else settings.log_level)
+    following = args.command in ("optimize", "resume")
+    logs.configure(settings.log_format, "warning" if following else settings.log_level)
+    if following:  # an agent attempt that failed is in the run's events and history: no traceback here
+        logging.getLogger("temporalio.activity").setLevel(logging.ERROR)
     try:
         return asyncio.run(args.func(args, settings))
     except UsageError as exc:
@@ -71,6 +75,12 @@ def _parser() -> argparse.ArgumentParser:
     opt.add_argument("--approve", action="store_true", help="wait for `kopt approve` before accepting a new best")
     opt.add_argument("--continue-every", type=int, default=50, help="rounds per history segment")
     opt.set_defaults(func=_cmd_optimize)
+
+    res = sub.add_parser("resume", help="continue a run that failed or was cancelled, from its last finished "
+                                          "round (LLM replies it paid for are reused)")
+    res.add_argument("run")
+    res.add_argument("--report-dir", type=Path, default=None)
+    res.set_defaults(func=_cmd_resume)
 
     ev = sub.add_parser("evaluate", help="test and profile one candidate against the package baseline (no agents)")
     ev.add_argument("kernel_dir", type=Path)
@@ -127,6 +137,12 @@ async def _cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
                           settings)
     req = apply_run_options(req, args, settings)
     return await run_optimization(req, args.kernel_dir, args.report_dir, settings)
+
+
+async def _cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
+    from kopt.runs import run_optimization
+
+    return await run_optimization(None, None, args.report_dir, settings, resume=args.run)
 
 
 async def _cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:

@@ -116,6 +116,15 @@ class RunState(BaseModel):
     extra_test_shapes: list[Shape] = Field(default_factory=list)  # accepted from the test designer
     rounds_since_improvement: int = 0
     started_at: float | None = None  # workflow time (epoch seconds) of the first segment
+    resumed: bool = False  # set by `kopt resume`: the first round may take its answers from the reply cache
+
+
+class ResumePoint(BaseModel):
+    """Where a run that ended early can go on from (workflow query `resume_point`): its request and
+    its state after the last round it finished (None: it had not finished measuring the baseline)."""
+
+    request: OptimizeRequest
+    state: RunState | None = None
 
 
 class OptimizeRequest(BaseModel):
@@ -169,3 +178,6 @@ class OptimizeResult(BaseModel):
     llm_stopped: bool = False  # stop_reason is an LLM endpoint error no retry could fix (key, model)
     extra_test_shapes: list[Shape] = Field(default_factory=list)  # added by the test designer
     usage: Usage = Field(default_factory=Usage)
+
+
+ResumePoint.model_rebuild()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import secrets
 import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -94,6 +95,7 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
             raise UsageError(f"KOPT_OPENAI_* settings: {exc}".splitlines()[0]) from None
         if args.model:
             llm = llm.model_copy(update={"model": args.model})
+        llm = llm.model_copy(update={"cache_scope": secrets.token_hex(8)})  # this invocation's lineage
         if not settings.temporal_address and llm.api_key_env and not os.environ.get(llm.api_key_env):
             raise UsageError(f"provider openai: the API key variable {llm.api_key_env} is not set (set it, or name "
                              f"another with KOPT_OPENAI_API_KEY_ENV; empty for endpoints without keys)")
@@ -108,13 +110,56 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
 
 
 def workflow_id(req: OptimizeRequest) -> str:
-    """Deterministic per request: starting the same run again attaches to it while it is running."""
-    digest = hashlib.sha256(req.model_dump_json().encode()).hexdigest()[:10]
+    """Deterministic per request: starting the same run again attaches to it while it is running (the
+    reply cache's scope, fresh for every invocation, is left out of the digest)."""
+    same = req.model_copy(update={"llm": req.llm.model_copy(update={"cache_scope": None})}) if req.llm else req
+    digest = hashlib.sha256(same.model_dump_json().encode()).hexdigest()[:10]
     return f"kopt-{req.package.spec.name}-{req.target}-{digest}"
 
 
-async def run_optimization(req: OptimizeRequest, kernel_dir: Path, report_dir: Path | None,
-                           settings: Settings, out=sys.stdout) -> int:
+async def resume_point(client, settings: Settings, run: str, serve: bool = False) -> tuple[OptimizeRequest, str]:
+    """The request that continues `run` from its last finished round, and the new run's id. Asks the
+    run itself (query `resume_point`, answered by replaying its history on a workflow worker; `serve`:
+    this process runs one for the purpose, as the embedded mode has no other)."""
+    from temporalio.client import WorkflowExecutionStatus
+
+    from kopt.run_models import ResumePoint
+    from kopt.workers import WorkerPlan, running_workers
+
+    handle = client.get_workflow_handle(run)
+    try:
+        desc = await handle.describe()
+    except Exception as exc:  # noqa: BLE001
+        raise UsageError(f"unknown run {run!r}: {exc}") from None
+    if desc.status == WorkflowExecutionStatus.RUNNING:
+        raise UsageError(f"run {run} is still running: follow it with `kopt watch {run}`")
+    async with AsyncExitStack() as stack:
+        if serve:
+            await stack.enter_async_context(running_workers(client, settings, WorkerPlan(roles=("workflows",))))
+        point = await handle.query("resume_point", result_type=ResumePoint)
+    if point.state is not None and desc.status == WorkflowExecutionStatus.COMPLETED \
+            and point.state.next_round > point.request.rounds:
+        raise UsageError(f"run {run} completed all {point.request.rounds} rounds: nothing to resume")
+    state = point.state
+    if state is not None:
+        # The wall-time budget counts from the resume; the unfinished round reads the reply cache.
+        state = state.model_copy(update={"started_at": None, "resumed": True})
+    req = point.request.model_copy(update={"state": state})
+    base = run.split("-resumed-")[0]
+    n = 1
+    while True:
+        new_id = f"{base}-resumed-{n}"
+        try:
+            await client.get_workflow_handle(new_id).describe()
+        except Exception:  # noqa: BLE001 - not found: free
+            return req, new_id
+        n += 1
+
+
+async def run_optimization(req: OptimizeRequest | None, kernel_dir: Path | None, report_dir: Path | None,
+                           settings: Settings, out=sys.stdout, resume: str | None = None) -> int:
+    """Start (or attach to) a run and follow it to its report; `resume`: instead, continue that run
+    from its last finished round in a new run (kopt resume), paid LLM replies reused."""
     from kopt.client import connect
     from kopt.server import start_dev_server
     from kopt.workers import running_workers
@@ -132,11 +177,18 @@ async def run_optimization(req: OptimizeRequest, kernel_dir: Path, report_dir: P
             stack.callback(server.stop)
             address, ui_url = server.address, server.ui_url
             say(f"Temporal dev server {address} (database {settings.server_db}); Web UI: {ui_url}")
-            workers_plan = _local_worker_plan(req)
+            workers_plan = _local_worker_plan(req) if req is not None else None
         client = await connect(address, settings)
+        wf_id = workflow_id(req) if req is not None else ""
+        if resume is not None:
+            req, wf_id = await resume_point(client, settings, resume, serve=workers_plan is None and
+                                            not settings.temporal_address)
+            done = req.state.rounds[-1].round if req.state and req.state.rounds else 0
+            say(f"resuming {resume} after round {done} as {wf_id}")
+            if not settings.temporal_address:
+                workers_plan = _local_worker_plan(req)
         if workers_plan is not None:
             await stack.enter_async_context(running_workers(client, settings, workers_plan))
-        wf_id = workflow_id(req)
         handle = await start_run(client, req, wf_id)
         run_id = handle.result_run_id or ""
         say(f"run {wf_id} (Temporal run {run_id}): {req.package.spec.name} on {req.target}"

@@ -37,6 +37,10 @@ def test_optimize_cpu_writes_report(tmp_path):
     assert "geomean speedup" in (reports / "report.md").read_text()
     assert (reports / "best_kernel.cpp").read_text().count("#define ROW_CHUNK") == 1
     assert (home / "temporal.db").is_file()  # the embedded server persisted the run in SQLite
+    again = kopt(["resume", report["run_id"]], home, timeout=120)
+    assert again.returncode == 2 and "completed all 2 rounds: nothing to resume" in again.stderr, again.stderr
+    unknown = kopt(["resume", "no-such-run"], home, timeout=120)
+    assert unknown.returncode == 2 and "unknown run 'no-such-run'" in unknown.stderr, unknown.stderr
 
 
 def _assert_usage_error(proc, *needles):

@@ -370,7 +370,8 @@ def test_server_error_is_retryable(pkg, best):
     with FakeOpenAI([Status(500), Status(503, {"Retry-After": "2"})]) as srv:
         err = failure(roles.plan(plan_request(pkg, best, srv)))
         err503 = failure(roles.plan(plan_request(pkg, best, srv)))
-    assert err.type == "LLMServerError" and not err.non_retryable and err.next_retry_delay is None
+    assert err.type == "LLMServerError" and not err.non_retryable
+    assert 0.5 <= err.next_retry_delay.total_seconds() <= 1.0  # first attempt: 1 s of backoff, jittered
     assert err503.next_retry_delay == timedelta(seconds=2)
     assert len(srv.requests) == 2
 

@@ -184,3 +184,42 @@ def test_the_cli_names_the_cause_of_a_failed_run():
     act.__cause__ = app
     line = failure_chain(WorkflowFailureError(cause=act))
     assert line == "activity plan: HTTP 500 from http://h/v1 (model 'm', role planner): overloaded"
+
+
+def test_resume_continues_from_the_last_finished_round_without_paying_again(temporal_server, settings, llm_env):
+    """Round 2's coder gets a 401: the run stops after paying round 2's analyst and planner. `kopt
+    resume` continues in a new run from round 2; those two answers come from the reply cache (no
+    request reaches the server), the coder is asked again, and round 3 follows."""
+    import asyncio
+
+    from kopt import queues
+    from kopt.run_models import OptimizeResult
+    from kopt.runs import resume_point
+    from tests.conftest import cpu_cluster
+
+    round2 = [diagnosis(), plan(4, "REPEAT 8 -> 4")]
+    first_script = [design(), *round1(), *round2, Status(401, message="key revoked")]
+    second_script = [code(source("round 2 after the resume")), diagnosis(), plan(2, "REPEAT 4 -> 2"),
+                     code(source("round 3"))]
+
+    async def resume() -> tuple[str, OptimizeResult]:
+        async with cpu_cluster(temporal_server.address, settings) as client:
+            req, new_id = await resume_point(client, settings, first.workflow_id)
+            assert new_id == f"{first.workflow_id}-resumed-1" and req.state.next_round == 2
+            handle = await client.start_workflow(queues.WORKFLOW_NAME, req, id=new_id,
+                                                 task_queue=queues.WORKFLOW_QUEUE, result_type=OptimizeResult)
+            return new_id, await asyncio.wait_for(handle.result(), 120)
+
+    with FakeOpenAI(first_script) as srv:  # one endpoint: the key is fixed between the two runs
+        first = execute(temporal_server, settings, make_request(settings, srv, llm_env, rounds=3))
+        assert first.result.llm_stopped and first.result.stop_reason.startswith("coder: HTTP 401")
+        assert [r.round for r in first.result.rounds] == [1]
+        before = len(srv.requests)
+        srv.push(*second_script)
+        new_id, result = asyncio.run(resume())
+        asked = [role_of(r) for r in srv.requests[before:]]
+    assert asked == ["coder", "analyst", "planner", "coder"]  # round 2's analyst and planner: from the cache
+    assert result.status == "completed" and not result.llm_stopped
+    assert [r.round for r in result.rounds] == [1, 2, 3] and all(r.correct for r in result.rounds)
+    paid_before = first.result.usage.cost_usd
+    assert result.usage.cost_usd == pytest.approx(paid_before + len(second_script) * CALL_COST)

@@ -137,8 +137,10 @@ def settings(tmp_path_factory) -> Settings:
 
 
 @pytest.fixture(autouse=True)
-def llm_env(monkeypatch):
-    """The agent worker's key variable; KOPT_OPENAI_* as a user would set them (base URL per test)."""
+def llm_env(monkeypatch, settings):
+    """The agent worker's key variable; KOPT_OPENAI_* as a user would set them (base URL per test);
+    KOPT_HOME (the reply cache) in the module's home."""
+    monkeypatch.setenv("KOPT_HOME", str(settings.home))
     monkeypatch.setenv(KEY_ENV, KEY)
     monkeypatch.setenv("KOPT_OPENAI_API_KEY_ENV", KEY_ENV)
     monkeypatch.setenv("KOPT_OPENAI_MODEL", MODEL)

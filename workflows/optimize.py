@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         OptimizeRequest,
         OptimizeResult,
         Progress,
+        ResumePoint,
         RunState,
         Usage,
     )
@@ -147,11 +148,26 @@ class OptimizeKernel:
         self._fallback: set[str] = set()  # activities now served by the offline provider
         self._stop: str | None = None  # why the LLM endpoint ended the run
         self._started_at: float | None = None
+        self._req: OptimizeRequest | None = None
+        self._cache_round: int | None = None  # the round that may read the reply cache (kopt resume)
+        self._state: RunState | None = None  # after the last finished round (resume_point)
 
     @workflow.query
     def progress(self) -> Progress:
         self._progress.usage = self._usage
         return self._progress
+
+    @workflow.query
+    def resume_point(self) -> ResumePoint:
+        """The request and the state after the last finished round, for `kopt resume` (a query
+        answers for a closed run too: the worker replays its history)."""
+        state = None
+        if self._state is not None:
+            state = self._state.model_copy(deep=True)
+            state.next_round = state.rounds[-1].round + 1 if state.rounds else state.next_round
+            state.events, state.event_total, state.usage = (list(self._progress.events), self._progress.event_total,
+                                                            self._usage.model_copy())  # fmt: skip
+        return ResumePoint(request=self._req, state=state)
 
     @workflow.update
     async def approve(self, decision: Approval) -> str:
@@ -174,6 +190,7 @@ class OptimizeKernel:
     @workflow.run
     async def run(self, req: OptimizeRequest) -> OptimizeResult:
         spec = req.package.spec
+        self._req = req.model_copy(update={"state": None})
         self._patient = workflow.patched(LLM_FAULTS_PATCH)
         self._progress.rounds = req.rounds
         state = req.state
@@ -184,6 +201,11 @@ class OptimizeKernel:
             state = started
         else:
             self._progress.events, self._progress.event_total = state.events, state.event_total
+            if state.started_at is None:  # kopt resume: the wall-time budget counts from here
+                state.started_at = workflow.now().timestamp()
+            if state.resumed:  # kopt resume: the unfinished round's questions were paid for already
+                self._cache_round, state.resumed = state.next_round, False
+        self._req, self._state = req.model_copy(update={"state": None}), state
         self._usage = state.usage
         self._extra_shapes = state.extra_test_shapes
         self._baseline_library = state.baseline.compile.library if state.baseline.compile else None
@@ -292,7 +314,8 @@ class OptimizeKernel:
 
     async def _round(self, req: OptimizeRequest, state: RunState, rnd: int) -> list[RoundRecord] | None:
         """Propose N candidates, evaluate them in parallel, keep the best correct one if it is real."""
-        diagnosis = await self._diagnose(req, state) if req.provider != "offline" and not req.single_agent else None
+        diagnosis = (await self._diagnose(req, state, rnd) if req.provider != "offline" and not req.single_agent
+                     else None)
         proposals: list[tuple[Plan, CodeResult]] = []
         slots: list[int] = []  # the round slot of each proposal
         failed: list[RoundRecord] = []  # slots whose agent gave no usable reply
@@ -365,7 +388,13 @@ class OptimizeKernel:
             self._event(f"round {rnd}/{record.slot}: {record.failure}")
         return sorted([*records, *failed], key=lambda r: r.slot)
 
-    async def _diagnose(self, req: OptimizeRequest, state: RunState) -> Diagnosis | None:
+    def _llm(self, req: OptimizeRequest, rnd: int):
+        """The round's LLM settings: the resumed round reads the reply cache."""
+        if req.llm is None or rnd != self._cache_round:
+            return req.llm
+        return req.llm.model_copy(update={"cache_read": True})
+
+    async def _diagnose(self, req: OptimizeRequest, state: RunState, rnd: int) -> Diagnosis | None:
         best = state.best_outcome
         if best.profile is None:
             return None
@@ -374,7 +403,8 @@ class OptimizeKernel:
             out: DiagnosisOutput = await self._agent(
                 "analyze", AnalyzeRequest(package=req.package, target=req.target, candidate=state.best,
                                           compile=best.compile, profile=best.profile,
-                                          baseline=state.baseline.profile, llm=req.llm), DiagnosisOutput, req)
+                                          baseline=state.baseline.profile, llm=self._llm(req, rnd)),
+                DiagnosisOutput, req)
         except BadReply as bad:
             self._event(f"no diagnosis this round ({bad})")
             return None
@@ -391,7 +421,7 @@ class OptimizeKernel:
         plan_req = AgentPlanRequest(package=req.package, target=req.target, round=rnd, best=state.best,
                                     best_speedup=state.best_summary.speedup_geomean, history=recent,
                                     earlier=earlier, provider=self._provider(req, "plan"), seed=req.seed,
-                                    llm=req.llm, diagnosis=diagnosis)
+                                    llm=self._llm(req, rnd), diagnosis=diagnosis)
         if req.single_agent:
             self._progress.phase = "single_agent"
             try:
@@ -415,7 +445,7 @@ class OptimizeKernel:
             coded: CodeOutput = await self._agent(
                 "code", AgentCodeRequest(package=req.package, target=req.target, toolchain=req.toolchain,
                                          plan=planned.plan, base=state.best, provider=self._provider(req, "code"),
-                                         llm=req.llm, diagnosis=diagnosis), CodeOutput, req)
+                                         llm=self._llm(req, rnd), diagnosis=diagnosis), CodeOutput, req)
         except BadReply as bad:
             return str(bad)
         self._usage.add_calls(coded.calls)
@@ -430,7 +460,7 @@ class OptimizeKernel:
                 and "code" not in self._fallback):
             self._event(f"round {rnd}: {cand.id} did not compile; one repair turn")
             code_req = AgentCodeRequest(package=req.package, target=req.target, toolchain=req.toolchain, plan=plan,
-                                        base=base, provider=req.provider, llm=req.llm, diagnosis=diagnosis)
+                                        base=base, provider=req.provider, llm=self._llm(req, rnd), diagnosis=diagnosis)
             try:
                 fixed: CodeOutput = await self._agent("repair", repair_request(code_req, cand, outcome.compile),
                                                       CodeOutput, req)
