@@ -43,8 +43,6 @@ PINGS_KEPT = 64  # no-op round trips the overhead estimate is the median of
 # spends after each reply on its way back into recv() and a little for the accounting's edges.
 IDLE_PER_CALL_NS = 25_000
 IDLE_SLACK_NS = {"cpu": 200_000, "cuda": 1_000_000}  # the CUDA driver's own threads wake now and then
-# CUDA: how far the judge's clock (round trip less the no-op round trip) may exceed the host's events
-# over a block (median) before the host's reading is called forged: launch work outside the events.
 # Medians of per-call gaps (round trip less no-op round trip less the events' reading), in us. A cold
 # call's round trip holds the device's switch from the judge's context to the host's (the no-op's is
 # taken after the same flush, so it holds one too): H100, silu_and_mul against itself, block medians
@@ -166,7 +164,7 @@ class CudaArena:
 
     def tensor(self, count: int, dtype: torch.dtype, owner: object) -> torch.Tensor:
         length = _length(count, dtype)
-        for i, (_, _, _, region, whole) in enumerate(self.segs):
+        for _, _, _, region, whole in self.segs:
             off = region.take(length)
             if off is not None:
                 break
@@ -177,7 +175,7 @@ class CudaArena:
             whole = torch.as_tensor(_CudaSegment(ptr, size), device=self.device)
             region = Region(size)
             self.segs.append((ptr, size, fd, region, whole))
-            i, off = len(self.segs) - 1, region.take(length)
+            off = region.take(length)
         weakref.finalize(owner, region.give_back, off, length)
         return whole[off : off + count * torch.empty((), dtype=dtype).element_size()].view(dtype)
 
