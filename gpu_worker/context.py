@@ -37,54 +37,67 @@ class Context:
         self.notes: list[str] = []
         self.cuda = job.target == "cuda"
         self.nvml: Nvml | None = None
-        if self.cuda:
-            if not torch.cuda.is_available():
-                raise RuntimeError("target cuda, but torch sees no CUDA device")
-            self.device = torch.device("cuda", torch.cuda.current_device())
-            # A stream of our own, so the stream a kernel is given is never the legacy default one.
-            self.stream = torch.cuda.Stream(self.device)
-            torch.cuda.set_stream(self.stream)
-            props = torch.cuda.get_device_properties(self.device)
-            self.device_name = props.name
-            bus = getattr(props, "pci_bus_id", None)
-            pci = f"{getattr(props, 'pci_domain_id', 0):08X}:{bus:02X}:{getattr(props, 'pci_device_id', 0):02X}.0" \
-                if bus is not None else None  # fmt: skip
-            self.nvml = Nvml(pci, self.device.index or 0)
-            if self.nvml.error:
-                self.notes.append(f"{self.nvml.error}: clocks, temperature and throttling not recorded")
-        else:
-            self.device = torch.device("cpu")
-            self.device_name = cpu_name()
-            self.stream = None
-        self.ref = load_reference(Path(job.package_dir))
+        self.stream = None
         self.kernel: RemoteKernel | None = None
         self.baseline: RemoteKernel | None = None
         self.hosts = Hosts()  # the kernel hosts: round-trip clock, idle check (and threads on CUDA)
         if self.cuda:
+            if not torch.cuda.is_available():
+                raise RuntimeError("target cuda, but torch sees no CUDA device")
+            self.device = torch.device("cuda", torch.cuda.current_device())
             self.arena: Arena | CudaArena = CudaArena(self.device)
         else:
+            self.device = torch.device("cpu")
             pin_to_one_cpu()  # the kernel hosts inherit it
             self.arena = Arena(arena_bytes(job.memory_limit_mb))
         cases.ARENA = self.arena
+        # Both kernel hosts start first: their process and CUDA-context start-ups overlap with each
+        # other and with this process's own (load_kernels waits for them).
+        try:
+            if job.baseline_library:
+                self.baseline = self._start(job.baseline_library, "baseline")
+            self.kernel = self._start(job.library, "candidate")
+            self._set_up_device()
+            self.ref = load_reference(Path(job.package_dir))
+        except BaseException:
+            self.close()
+            raise
+
+    def _set_up_device(self) -> None:
+        if not self.cuda:
+            self.device_name = cpu_name()
+            return
+        # A stream of our own, so the stream a kernel is given is never the legacy default one.
+        self.stream = torch.cuda.Stream(self.device)
+        torch.cuda.set_stream(self.stream)
+        props = torch.cuda.get_device_properties(self.device)
+        self.device_name = props.name
+        bus = getattr(props, "pci_bus_id", None)
+        pci = f"{getattr(props, 'pci_domain_id', 0):08X}:{bus:02X}:{getattr(props, 'pci_device_id', 0):02X}.0" \
+            if bus is not None else None  # fmt: skip
+        self.nvml = Nvml(pci, self.device.index or 0)
+        if self.nvml.error:
+            self.notes.append(f"{self.nvml.error}: clocks, temperature and throttling not recorded")
 
     @property
     def stream_handle(self) -> int | None:
         return self.stream.cuda_stream if self.stream is not None else None
 
     def load_kernels(self) -> None:
-        """Baseline first, candidate last, each in a kernel host of its own (CPU: whose seccomp
-        profile allows no threads; CUDA: whose threads the judge counts)."""
-        if self.job.baseline_library:
-            self.baseline = self._load(self.job.baseline_library, "baseline")
-        self.kernel = self._load(self.job.library, "candidate")  # on failure, close() ends the baseline's host
+        """Wait for the kernel hosts started in __init__: baseline first, candidate last, each in a
+        host of its own (CPU: whose seccomp profile allows no threads; CUDA: whose threads the judge
+        counts). On a failure close() ends both."""
+        for host in (self.baseline, self.kernel):
+            if host is not None:
+                host.wait_ready()
 
     def close(self) -> None:
         for k in (self.kernel, self.baseline):
             if k is not None:
                 k.close()
 
-    def _load(self, library: str, role: str) -> RemoteKernel:
-        before = self.stream.synchronize if self.cuda else None  # the judge's writes land before a call
+    def _start(self, library: str, role: str) -> RemoteKernel:
+        before = (lambda: self.stream.synchronize()) if self.cuda else None  # the judge's writes land first
         return RemoteKernel(library, self.job.spec.entry, role, self.arena, self.job.memory_limit_mb, self.hosts,
                             before)  # fmt: skip
 

@@ -103,12 +103,12 @@ def run_job(job: HarnessJob, channel: Channel):
         ctx = Context(job, channel.progress)
         ctx.report = lambda partial: channel.send("partial", partial.model_dump_json())
         try:
-            copy_bw = job.copy_bandwidth_gbs
-            if job.mode == "profile" and copy_bw is None:
-                channel.progress("profile copy bandwidth")
-                copy_bw = timing.cuda_copy_bandwidth(ctx.device) if ctx.cuda else timing.cpu_copy_bandwidth()
             channel.progress("load libraries")  # in kernel hosts, started before this process's seccomp
             ctx.load_kernels()
+            copy_bw = job.copy_bandwidth_gbs
+            if job.mode == "profile" and copy_bw is None:  # after the hosts' start-up, which would disturb it
+                channel.progress("profile copy bandwidth")
+                copy_bw = timing.cuda_copy_bandwidth(ctx.device) if ctx.cuda else timing.cpu_copy_bandwidth()
             if job.sandbox:
                 ctx.notes += sandbox.apply(job.target, job.memory_limit_mb)
             else:

@@ -336,6 +336,12 @@ class RemoteKernel:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(), *fds), stdin=subprocess.DEVNULL, env=env)
         theirs.close()
+        self.hosts = hosts
+        self.ready = False
+
+    def wait_ready(self) -> None:
+        """Wait until the host has loaded its library (hosts start together; each is waited for in
+        turn, so their process and CUDA-context start-ups overlap with each other and the judge's)."""
         self.sock.settimeout(LOAD_TIMEOUT_S)
         try:
             first = self.sock.recv(4096)
@@ -349,7 +355,8 @@ class RemoteKernel:
         if first != b"R":
             raise KernelFailure(self._died())
         self.threads = self.tasks()
-        hosts.members.append(self)
+        self.hosts.members.append(self)
+        self.ready = True
 
     def _died(self) -> str:
         """Why the host stopped answering, from its exit status, worded as the parent words the death
