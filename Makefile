@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ROUNDS ?= 5
 
-.PHONY: run test venv clean
+.PHONY: run test test-fast venv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+# The inner loop: everything not marked slow (no full optimization runs).
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow"
 
 clean:
 	rm -rf $(VENV) kopt-report

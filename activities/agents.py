@@ -15,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.errors import invalid_request
 from agents import offline
+from kopt.agent_models import PROVIDERS
 from kopt.agent_models import (
     AgentCodeRequest,
     AgentPlanRequest,
@@ -34,7 +35,6 @@ from kopt.agent_models import (
 from kopt.models import CodeRequest
 from kopt.package import PackageError
 
-PROVIDERS = ("offline", "openai")
 
 
 def _check(provider: str) -> None:
@@ -143,4 +143,3 @@ async def single_agent(req: SingleAgentRequest) -> SingleAgentOutput:
     return SingleAgentOutput(plan=the_plan, result=result, calls=calls)
 
 
-ACTIVITIES = [plan, code, repair, analyze, design_tests, single_agent]

@@ -29,10 +29,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = ("build", "test", "profile", "total", "wall")
-CLI = "import sys; from kopt.cli import main; sys.exit(main())"
+# kopt's CLI moved to kopt/app/cli.py; older trees have it at kopt/cli.py.
+CLI = ("import sys\ntry:\n    from kopt.app.cli import main\nexcept ImportError:\n    from kopt.cli import main\n"
+       "sys.exit(main())")
 # The same in every tree, with the compute-sanitizer pass reported as unavailable: its ~25 s on CUDA
 # would hide what the harness itself costs.
-NO_SANITIZER = "import gpu_worker.sanitizer as s; s.find_sanitizer = lambda: None; " + CLI
+NO_SANITIZER = "import gpu_worker.sanitizer as s\ns.find_sanitizer = lambda: None\n" + CLI
 
 
 def export_rev(rev: str, into: Path) -> Path:

@@ -347,7 +347,7 @@ class RemoteKernel:
             first = self.sock.recv(4096)
         except TimeoutError:
             self.close()
-            raise KernelFailure(f"{role}: its library did not finish loading in {LOAD_TIMEOUT_S:g} s") from None
+            raise KernelFailure(f"{self.role}: its library did not finish loading in {LOAD_TIMEOUT_S:g} s") from None
         self.sock.settimeout(None)
         if first.startswith(b"E"):
             self.close()

@@ -32,6 +32,7 @@ ROLES: tuple[str, ...] = ("test_designer", "analyst", "planner", "coder", "repai
 # A role without its own override inherits from this one before the global default.
 ROLE_FALLBACK: dict[str, str] = {"repair": "coder"}
 
+PROVIDERS = ("offline", "openai")  # the agent providers a run may name
 ENV_PREFIX = "KOPT_OPENAI_"
 # RoundRecord.failure of a candidate proposed earlier in the same round (not evaluated yet): later
 # slots see it in their history so that they propose something else; it is not a failure.

@@ -2,6 +2,7 @@
 
 Any OpenAI-compatible chat-completions endpoint works: api.openai.com, Azure OpenAI's v1 API
 (https://<resource>.openai.azure.com/openai/v1/), vLLM, SGLang, Ollama (http://host:11434/v1).
+KOPT_OPENAI_BASE_URL names it; where unset, the SDK's OPENAI_BASE_URL is used.
 Dicts are JSON in the environment, e.g.
 
     KOPT_OPENAI_ROLES='{"coder": {"model": "gpt-4.1", "temperature": 0.0}}'
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kopt.agent_models import ENV_PREFIX, LLMConfig, RoleOverride, check_roles
@@ -27,7 +28,9 @@ class LLMSettings(BaseSettings):
     # KOPT_OPENAI_TEMPERATURE=none: send no temperature (models that accept only their default).
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", env_parse_none_str="none")
 
-    base_url: str = _DEFAULTS.base_url
+    # The OpenAI SDK's own OPENAI_BASE_URL (what vLLM/SGLang docs tell users to set) is the fallback.
+    base_url: str = Field(default=_DEFAULTS.base_url,
+                          validation_alias=AliasChoices(f"{ENV_PREFIX}BASE_URL", "OPENAI_BASE_URL"))
     model: str = _DEFAULTS.model
     api_key_env: str = _DEFAULTS.api_key_env
     timeout_s: float = Field(default=_DEFAULTS.timeout_s, gt=0)

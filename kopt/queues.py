@@ -1,8 +1,7 @@
-"""Task-queue names, activity timeouts and other constants shared by workflow, workers and CLI."""
+"""Task-queue names shared by workflow, workers and CLI (timeouts and retry policies: kopt/activity_table.py
+and ActivityTimeouts in kopt/run_models.py)."""
 
 from __future__ import annotations
-
-from datetime import timedelta
 
 WORKFLOW_QUEUE = "kopt-workflows"
 AGENTS_QUEUE = "kopt-agents"
@@ -10,15 +9,7 @@ EXEC_CPU_QUEUE = "kopt-exec-cpu"
 
 WORKFLOW_NAME = "OptimizeKernel"
 
-# GPU classes kopt knows how to name (gpu_worker.device names a device's class).
-KNOWN_GPU_CLASSES = ("h100", "h100-pcie", "h100-nvl", "h200", "a100", "l40s", "b200")
-DEFAULT_GPU_CLASS = "h100"
-
-PLAN_TIMEOUT = timedelta(minutes=5)
-CODE_TIMEOUT = timedelta(minutes=5)
-COMPILE_TIMEOUT = timedelta(minutes=10)
-EXEC_TIMEOUT = timedelta(minutes=20)
-EXEC_HEARTBEAT = timedelta(seconds=60)
+DEFAULT_GPU_CLASS = "h100"  # --target cuda without --gpu-class (classes: kopt/gpu_classes.py)
 
 
 def build_queue(toolchain: str) -> str:

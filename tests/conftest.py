@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def temporal_server(tmp_path_factory):
-    from kopt.server import start_dev_server
+    from kopt.app.server import start_dev_server
 
     db = tmp_path_factory.mktemp("temporal") / "temporal.db"
     server = start_dev_server(db, port=0, ui_port=0, headless=True)
@@ -54,7 +54,8 @@ def kopt_env(home: Path, **extra: str) -> dict[str, str]:
     """Environment for a `kopt` subprocess: own home, own dev server on free ports."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KOPT_")}
     pythonpath = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    env.update(KOPT_HOME=str(home), KOPT_SERVER_PORT="0", KOPT_UI_PORT="0", PYTHONPATH=pythonpath, **extra)
+    env.update({"KOPT_HOME": str(home), "KOPT_SERVER_PORT": "0", "KOPT_UI_PORT": "0", "PYTHONPATH": pythonpath,
+                **extra})
     return env
 
 
@@ -62,8 +63,8 @@ def kopt_env(home: Path, **extra: str) -> dict[str, str]:
 async def cpu_cluster(address: str, settings) -> AsyncIterator:
     """A client of the server at `address`, with in-process workers of every role for the CPU
     target polling while the block runs."""
-    from kopt.client import connect
-    from kopt.workers import WorkerPlan, running_workers, toolchains_for
+    from kopt.app.client import connect
+    from kopt.app.workers import WorkerPlan, running_workers, toolchains_for
 
     client = await connect(address, settings)
     plan = WorkerPlan(roles=("workflows", "agents", "build", "exec"), toolchains=toolchains_for(["cpu"]),

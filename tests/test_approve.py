@@ -10,9 +10,9 @@ import pytest
 
 from kopt import queues
 from kopt.errors import UsageError
-from kopt.inspect import approve, status
+from kopt.app.inspect import approve, status
 from kopt.run_models import OptimizeResult, Progress
-from kopt.runs import prepare_request
+from kopt.app.runs import prepare_request
 from kopt.settings import Settings
 from tests.conftest import REPO, cpu_cluster
 

@@ -12,9 +12,9 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 
 from kopt import queues
-from kopt.inspect import cancel
+from kopt.app.inspect import cancel
 from kopt.run_models import ActivityTimeouts
-from kopt.runs import prepare_request
+from kopt.app.runs import prepare_request
 from kopt.settings import Settings
 from tests.conftest import REPO, cpu_cluster
 

@@ -15,7 +15,7 @@ SILU = REPO / "kernels" / "silu_and_mul"
 
 
 def kopt(args, home, timeout=600):
-    return subprocess.run([sys.executable, "-m", "kopt.cli", *args], cwd=REPO, env=kopt_env(home),
+    return subprocess.run([sys.executable, "-m", "kopt.app.cli", *args], cwd=REPO, env=kopt_env(home),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -55,10 +55,10 @@ def test_bad_input_fails_fast_with_one_line(tmp_path):
     home, reports = tmp_path / "home", tmp_path / "report"
     common = ["--report-dir", str(reports)]
     _assert_usage_error(kopt(["optimize", str(tmp_path / "missing"), *common], home), "not found")
-    _assert_usage_error(kopt(["optimize", str(SILU), "--target", "tpu", *common], home), "unknown target 'tpu'")
+    _assert_usage_error(kopt(["optimize", str(SILU), "--target", "tpu", *common], home), "invalid choice: 'tpu'")
     _assert_usage_error(kopt(["optimize", str(SILU), "--target", "cuda", "--gpu-class", "h900", *common], home),
                         "unknown GPU class 'h900'")
-    _assert_usage_error(kopt(["optimize", str(SILU), "--provider", "magic", *common], home), "unknown provider")
+    _assert_usage_error(kopt(["optimize", str(SILU), "--provider", "magic", *common], home), "invalid choice: 'magic'")
     _assert_usage_error(kopt(["optimize", str(SILU), "--min-gain", "1.5", *common], home), "--min-gain", "[0, 1)")
     bad = tmp_path / "bad"
     shutil.copytree(SILU, bad)

@@ -1,4 +1,4 @@
-"""`kopt evaluate` (kopt/evaluate.py) on the CPU target: verdicts, JSON shape, exit codes."""
+"""`kopt evaluate` (kopt/app/evaluate.py) on the CPU target: verdicts, JSON shape, exit codes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kopt.build import detect_toolchain
-from kopt.evaluate import EXIT_OK, EXIT_REJECTED, EXIT_USAGE, evaluate
+from kopt.app.evaluate import EXIT_OK, EXIT_REJECTED, EXIT_USAGE, evaluate
 
 TESTS = Path(__file__).resolve().parent
 SCALE2 = TESTS / "fixtures" / "scale2"

@@ -27,10 +27,10 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 
 from kopt import build, queues
-from kopt.client import connect
-from kopt.history import RunView, load_run
+from kopt.app.client import connect
+from kopt.app.history import RunView, load_run
 from kopt.run_models import ActivityTimeouts, OptimizeRequest, OptimizeResult
-from kopt.runs import prepare_request
+from kopt.app.runs import prepare_request
 from kopt.settings import Settings
 from tests.cluster import WORKER_ARGS, Cluster
 from tests.conftest import REPO
@@ -69,11 +69,12 @@ CPU = Variant(
 def cuda_variant() -> Variant:
     """The CUDA cluster on this machine's first H100/H200, or a skip saying what is missing."""
     from gpu_worker.device import local_gpus
+    from kopt.gpu_classes import KNOWN_GPU_CLASSES
 
     toolchain = build.detect_toolchain("cuda")
     if toolchain is None:
         pytest.skip("needs nvcc")
-    gpus = [g for g in local_gpus() if g.gpu_class in SM90_CLASSES and g.gpu_class in queues.KNOWN_GPU_CLASSES]
+    gpus = [g for g in local_gpus() if g.gpu_class in SM90_CLASSES and g.gpu_class in KNOWN_GPU_CLASSES]
     if not gpus:
         pytest.skip(f"needs an sm_90 GPU of class {', '.join(SM90_CLASSES)} (nvidia-smi lists "
                     f"{[g.name for g in local_gpus()] or 'none'})")

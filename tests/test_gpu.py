@@ -28,7 +28,7 @@ def test_optimize_cuda_end_to_end(tmp_path):
     gpu_class = _local_class()
     reports = tmp_path / "report"
     proc = subprocess.run(
-        [sys.executable, "-m", "kopt.cli", "optimize", str(SILU), "--target", "cuda", "--gpu-class", gpu_class,
+        [sys.executable, "-m", "kopt.app.cli", "optimize", str(SILU), "--target", "cuda", "--gpu-class", gpu_class,
          "--rounds", "2", "--report-dir", str(reports)],
         cwd=REPO, env=kopt_env(tmp_path / "home"), capture_output=True, text=True, timeout=900,
     )

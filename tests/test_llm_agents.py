@@ -42,7 +42,7 @@ from kopt.agent_models import (
     validate_shapes,
 )
 from kopt.artifacts import ArtifactStore
-from kopt.client import connect
+from kopt.app.client import connect
 from kopt.settings import Settings
 from kopt.candidates import candidate_id, unified_diff
 from kopt.llm_settings import LLMSettings, llm_config

@@ -144,7 +144,8 @@ def test_status_shows_the_wait_for_the_endpoint_while_it_is_down(temporal_server
     import io
     import uuid
 
-    from kopt import inspect, queues
+    from kopt import queues
+    from kopt.app import inspect
     from kopt.run_models import OptimizeResult
     from tests.conftest import cpu_cluster
 
@@ -194,7 +195,7 @@ def test_resume_continues_from_the_last_finished_round_without_paying_again(temp
 
     from kopt import queues
     from kopt.run_models import OptimizeResult
-    from kopt.runs import resume_point
+    from kopt.app.runs import resume_point
     from tests.conftest import cpu_cluster
 
     round2 = [diagnosis(), plan(4, "REPEAT 8 -> 4")]

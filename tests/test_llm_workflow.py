@@ -2,7 +2,7 @@
 for every role, the real `openai` client talking to a scripted server on 127.0.0.1
 (tests/fake_openai.py), and the CPU fixture package tests/fixtures/repeat.
 
-Every run is checked from workflow history (kopt.history.load_run: activities, task queues, each
+Every run is checked from workflow history (kopt.app.history.load_run: activities, task queues, each
 round's LLM calls with their prompts and responses, attempts) and from the report. The module
 shares one KOPT_HOME, so the content-addressed compile and evaluation caches make repeated
 candidates cheap; the scripted coder writes the same sources in different tests on purpose.
@@ -25,11 +25,11 @@ from temporalio.client import WorkflowFailureError, WorkflowHistory
 
 from kopt import queues
 from kopt.agent_models import LLMCall
-from kopt.cli import _parser
-from kopt.history import ActivityCall, RunView, activity_calls, load_run
-from kopt.report import build_report, render_markdown
+from kopt.app.cli import _parser
+from kopt.app.history import ActivityCall, RunView, activity_calls, load_run
+from kopt.app.report import build_report, render_markdown
 from kopt.run_models import OptimizeRequest, OptimizeResult
-from kopt.runs import apply_run_options, prepare_request
+from kopt.app.runs import apply_run_options, prepare_request
 from kopt.settings import Settings
 from tests.conftest import REPO, cpu_cluster, kopt_env
 from tests.fake_openai import Delay, FakeOpenAI, Received, Reply, Status
@@ -464,6 +464,10 @@ def test_two_candidates_per_round_offline(temporal_server, settings, llm_env):
         assert view.compile.candidate_id == view.candidate_id and view.test.candidate_id == view.candidate_id
         assert not view.llm_calls
     assert res.usage.llm_calls == 0 and run.report()["candidates_per_round"] == 2
+    # Every activity id names its round and slot (kopt/activity_table.py); history groups by them.
+    assert all(c.at is not None and c.activity_id.startswith(f"r{c.at[0]}.s{c.at[1]}.{c.activity}.")
+               for c in run.view_calls())  # fmt: skip
+    assert [{c.at for c in v.calls} for v in run.view.rounds] == [{(0, 0)}, {(1, 0)}, {(1, 1)}, {(2, 0)}, {(2, 1)}]
 
 
 @pytest.mark.slow
@@ -529,7 +533,7 @@ def test_cli_optimize_with_the_openai_provider(settings, tmp_path):
         env = kopt_env(settings.home, KOPT_OPENAI_BASE_URL=srv.base_url, KOPT_OPENAI_API_KEY_ENV=KEY_ENV,
                        KOPT_OPENAI_TIMEOUT_S="5", KOPT_OPENAI_PRICES=json.dumps(PRICES))
         env[KEY_ENV] = KEY
-        proc = subprocess.run([sys.executable, "-m", "kopt.cli", "optimize", str(FIXTURE), "--provider", "openai",
+        proc = subprocess.run([sys.executable, "-m", "kopt.app.cli", "optimize", str(FIXTURE), "--provider", "openai",
                                "--model", MODEL, "--rounds", "1", "--seed", str(SEED), "--report-dir", str(reports)],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr

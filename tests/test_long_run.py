@@ -18,10 +18,10 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from kopt import queues
-from kopt.history import activity_calls, segments
+from kopt.app.history import activity_calls, segments
 from kopt.plan_history import PLAN_WINDOW, config_key
 from kopt.run_models import OptimizeResult
-from kopt.runs import prepare_request
+from kopt.app.runs import prepare_request
 from kopt.settings import Settings
 from tests.conftest import REPO, cpu_cluster
 from workflows.optimize import OptimizeKernel

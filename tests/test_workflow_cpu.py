@@ -9,9 +9,9 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 
 from kopt import queues
-from kopt.history import load_run
+from kopt.app.history import load_run
 from kopt.run_models import OptimizeResult
-from kopt.runs import prepare_request
+from kopt.app.runs import prepare_request
 from kopt.settings import Settings
 from tests.conftest import REPO, cpu_cluster
 

@@ -14,11 +14,12 @@ import math
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from kopt import queues
+    from kopt.activity_table import ACTIVITIES, activity_id
+    from kopt.search_attributes import BEST_KEY, KERNEL_KEY, ROUND_KEY
     from kopt.agent_models import (
         BAD_REPLY_TYPES,
         STOP_TYPES,
@@ -64,20 +65,14 @@ with workflow.unsafe.imports_passed_through():
         Usage,
     )
 
-NON_RETRYABLE = ["InvalidRequest"]
-NON_RETRYABLE_TYPES = NON_RETRYABLE
-AGENT_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(minutes=2),
-                          non_retryable_error_types=NON_RETRYABLE)
-BUILD_RETRY = RetryPolicy(maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
-EXEC_RETRY = RetryPolicy(maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
 # Runs started with LLM_FAULTS_PATCH (docs/decisions/0016): an unusable reply fails its candidate and
 # the round goes on; an unavailable endpoint is retried with backoff for as long as the wall-time
 # budget allows (the run waits); only errors no retry can fix (key, model, request) stop the run, with
 # their reason in the result. Histories recorded before replay the old path (5 attempts, then fail).
 LLM_FAULTS_PATCH = "llm-faults"
-AGENT_RETRY_PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-                                  maximum_interval=timedelta(minutes=2), maximum_attempts=0,
-                                  non_retryable_error_types=[*NON_RETRYABLE_TYPES, *BAD_REPLY_TYPES, *STOP_TYPES])
+# Runs started with ACTIVITY_IDS_PATCH give every activity an id naming its round and slot
+# (kopt/activity_table.py), which history groups by; older histories keep Temporal's numbering.
+ACTIVITY_IDS_PATCH = "activity-ids"
 BAD_REPLIES_BEFORE_FALLBACK = 3  # consecutive unusable replies of one role, then its offline stand-in
 OFFLINE_FALLBACK = ("plan", "code")  # roles with an offline stand-in (the others are skipped instead)
 MAX_EVENTS = 200
@@ -85,10 +80,6 @@ MAX_EVENTS = 200
 # histories recorded before this change replay the old path, which sent every record.
 COMPACT_HISTORY_PATCH = "compact-plan-history"
 
-KERNEL_KEY = SearchAttributeKey.for_keyword("KoptKernel")
-TARGET_KEY = SearchAttributeKey.for_keyword("KoptTarget")
-ROUND_KEY = SearchAttributeKey.for_int("KoptRound")
-BEST_KEY = SearchAttributeKey.for_float("KoptBestSpeedup")
 
 
 class BadReply(Exception):
@@ -144,6 +135,8 @@ class OptimizeKernel:
         self._extra_shapes: list[Shape] = []  # accepted from the test designer, for every candidate
         self._baseline_library: ArtifactRef | None = None  # calibrates and A/B-times every candidate
         self._patient = False  # LLM_FAULTS_PATCH: bad replies fail candidates, outages wait
+        self._ids = False  # ACTIVITY_IDS_PATCH: activity ids name their round and slot
+        self._calls = 0  # activities scheduled in this segment (makes every id unique)
         self._bad_replies: dict[str, int] = {}  # activity -> consecutive unusable replies
         self._fallback: set[str] = set()  # activities now served by the offline provider
         self._stop: str | None = None  # why the LLM endpoint ended the run
@@ -192,6 +185,7 @@ class OptimizeKernel:
         spec = req.package.spec
         self._req = req.model_copy(update={"state": None})
         self._patient = workflow.patched(LLM_FAULTS_PATCH)
+        self._ids = workflow.patched(ACTIVITY_IDS_PATCH)
         self._progress.rounds = req.rounds
         state = req.state
         if state is None:
@@ -280,7 +274,7 @@ class OptimizeKernel:
             try:
                 design: TestDesignOutput = await self._agent(
                     "design_tests", TestDesignRequest(package=req.package, target=req.target,
-                                                      limits=shape_limits(req), llm=req.llm), TestDesignOutput, req)
+                                                      limits=shape_limits(req), llm=req.llm), req, (0, 0))
             except BadReply as bad:
                 self._event(f"round 0: no designed tests ({bad})")
             except StopRun as stop:
@@ -292,7 +286,7 @@ class OptimizeKernel:
                             f"{', rejected ' + str(len(design.review.rejected)) if design.review.rejected else ''}")
         self._progress.phase = "baseline"
         self._event(f"round 0: baseline {req.baseline.id} on {queues.exec_queue(req.target, req.gpu_class)}")
-        baseline = await self._evaluate(req, 0, req.baseline, "baseline", "", extra)
+        baseline = await self._evaluate(req, (0, 0), req.baseline, "baseline", "", extra)
         if not baseline.correct or baseline.profile is None or not baseline.profile.ok:
             reason = _failure(baseline) or "baseline failed"
             self._progress.phase = "baseline_failed"
@@ -321,7 +315,7 @@ class OptimizeKernel:
         failed: list[RoundRecord] = []  # slots whose agent gave no usable reply
         pending = list(state.rounds)
         for slot in range(req.candidates_per_round):
-            proposal = await self._propose(req, state, rnd, pending, diagnosis)
+            proposal = await self._propose(req, state, (rnd, slot), pending, diagnosis)
             if isinstance(proposal, str):
                 failed.append(RoundRecord(round=rnd, candidate_id=f"round{rnd}-slot{slot}-no-candidate",
                                           description="(no candidate)", tunables={}, flags=[], slot=slot,
@@ -344,7 +338,8 @@ class OptimizeKernel:
             self._event(f"round {rnd}: planner has nothing new to try; stopping")
             return None
         outcomes = await asyncio.gather(*[
-            self._candidate(req, rnd, state.best, plan, coded, diagnosis) for plan, coded in proposals])
+            self._candidate(req, (rnd, slot), state.best, plan, coded, diagnosis)
+            for slot, (plan, coded) in zip(slots, proposals)])
 
         best_slot = None
         for slot, (outcome, _) in enumerate(outcomes):
@@ -404,17 +399,18 @@ class OptimizeKernel:
                 "analyze", AnalyzeRequest(package=req.package, target=req.target, candidate=state.best,
                                           compile=best.compile, profile=best.profile,
                                           baseline=state.baseline.profile, llm=self._llm(req, rnd)),
-                DiagnosisOutput, req)
+                req, (rnd, 0))
         except BadReply as bad:
             self._event(f"no diagnosis this round ({bad})")
             return None
         self._usage.add_calls(out.calls)
         return out.diagnosis
 
-    async def _propose(self, req: OptimizeRequest, state: RunState, rnd: int, history: list[RoundRecord],
+    async def _propose(self, req: OptimizeRequest, state: RunState, at: tuple[int, int], history: list[RoundRecord],
                        diagnosis: Diagnosis | None) -> tuple[Plan, CodeResult] | str | None:
-        """A plan and its code; None when the planner has nothing new; the reason when an agent's
-        reply was unusable (LLM_FAULTS_PATCH: that slot fails, the round goes on)."""
+        """A plan and its code for slot at[1] of round at[0]; None when the planner has nothing new; the
+        reason when an agent's reply was unusable (LLM_FAULTS_PATCH: that slot fails, the round goes on)."""
+        rnd = at[0]
         recent, earlier = history, None
         if workflow.patched(COMPACT_HISTORY_PATCH):
             recent, earlier = compact_history(history)
@@ -426,15 +422,14 @@ class OptimizeKernel:
             self._progress.phase = "single_agent"
             try:
                 both: SingleAgentOutput = await self._agent(
-                    "single_agent", SingleAgentRequest(**dict(plan_req), toolchain=req.toolchain), SingleAgentOutput,
-                    req)
+                    "single_agent", SingleAgentRequest(**dict(plan_req), toolchain=req.toolchain), req, at)
             except BadReply as bad:
                 return str(bad)
             self._usage.add_calls(both.calls)
             return None if both.plan.exhausted else (both.plan, both.result)
         self._progress.phase = "plan"
         try:
-            planned: PlanOutput = await self._agent("plan", plan_req, PlanOutput, req)
+            planned: PlanOutput = await self._agent("plan", plan_req, req, at)
         except BadReply as bad:
             return str(bad)
         self._usage.add_calls(planned.calls)
@@ -445,17 +440,18 @@ class OptimizeKernel:
             coded: CodeOutput = await self._agent(
                 "code", AgentCodeRequest(package=req.package, target=req.target, toolchain=req.toolchain,
                                          plan=planned.plan, base=state.best, provider=self._provider(req, "code"),
-                                         llm=self._llm(req, rnd), diagnosis=diagnosis), CodeOutput, req)
+                                         llm=self._llm(req, rnd), diagnosis=diagnosis), req, at)
         except BadReply as bad:
             return str(bad)
         self._usage.add_calls(coded.calls)
         return planned.plan, coded.result
 
-    async def _candidate(self, req: OptimizeRequest, rnd: int, base: Candidate, plan: Plan, coded: CodeResult,
-                         diagnosis: Diagnosis | None) -> tuple[CandidateOutcome, Candidate]:
+    async def _candidate(self, req: OptimizeRequest, at: tuple[int, int], base: Candidate, plan: Plan,
+                         coded: CodeResult, diagnosis: Diagnosis | None) -> tuple[CandidateOutcome, Candidate]:
         """Evaluate one candidate; a compile error gets one repair turn with LLM providers."""
+        rnd = at[0]
         cand = coded.candidate
-        outcome = await self._evaluate(req, rnd, cand, plan.description, coded.diff, self._extra_shapes)
+        outcome = await self._evaluate(req, at, cand, plan.description, coded.diff, self._extra_shapes)
         if (outcome.compile is not None and not outcome.compile.ok and req.provider != "offline"
                 and "code" not in self._fallback):
             self._event(f"round {rnd}: {cand.id} did not compile; one repair turn")
@@ -463,40 +459,44 @@ class OptimizeKernel:
                                         base=base, provider=req.provider, llm=self._llm(req, rnd), diagnosis=diagnosis)
             try:
                 fixed: CodeOutput = await self._agent("repair", repair_request(code_req, cand, outcome.compile),
-                                                      CodeOutput, req)
+                                                      req, at)
             except BadReply as bad:
                 self._event(f"round {rnd}: {cand.id}: no repair ({bad})")
                 return outcome, cand
             self._usage.add_calls(fixed.calls)
             cand = fixed.result.candidate
-            outcome = await self._evaluate(req, rnd, cand, f"{plan.description} (repaired)", fixed.result.diff,
+            outcome = await self._evaluate(req, at, cand, f"{plan.description} (repaired)", fixed.result.diff,
                                            self._extra_shapes)
         return outcome, cand
 
     def _provider(self, req: OptimizeRequest, name: str) -> str:
         return "offline" if name in self._fallback else req.provider
 
-    async def _agent(self, name: str, arg, result_type, req: OptimizeRequest):
-        t = req.timeouts
-        timeout = t.agent_s
+    def _options(self, name: str, req: OptimizeRequest, at: tuple[int, int]) -> dict:
+        """execute_activity's options for `name`, from the activity table (and the id, ACTIVITY_IDS_PATCH)."""
+        d = ACTIVITIES[name]
+        start, heartbeat = d.timeouts(req.timeouts)
+        opts = dict(task_queue=d.queue(req.target, req.toolchain, req.gpu_class), start_to_close_timeout=start,
+                    heartbeat_timeout=heartbeat, retry_policy=d.retry(self._patient), result_type=d.result)
+        if self._ids:
+            self._calls += 1
+            opts["activity_id"] = activity_id(at[0], at[1], name, self._calls)
+        return opts
+
+    async def _agent(self, name: str, arg, req: OptimizeRequest, at: tuple[int, int]):
+        opts = self._options(name, req, at)
         if req.llm is not None:
-            timeout = max(timeout, req.llm.activity_timeout().total_seconds())
+            opts["start_to_close_timeout"] = max(opts["start_to_close_timeout"], req.llm.activity_timeout())
         if not self._patient:
-            return await workflow.execute_activity(
-                name, arg, task_queue=queues.AGENTS_QUEUE, start_to_close_timeout=timedelta(seconds=timeout),
-                heartbeat_timeout=timedelta(seconds=t.agent_heartbeat_s), retry_policy=AGENT_RETRY,
-                result_type=result_type)
+            return await workflow.execute_activity(name, arg, **opts)
         # An unavailable endpoint is retried (jittered backoff, agents/llm.py) until the wall-time budget.
         left = None
         if req.budgets.max_wall_time_s is not None and self._started_at is not None:
             left = timedelta(seconds=max(req.budgets.max_wall_time_s - (workflow.now().timestamp() - self._started_at),
                                          1.0))
-        who = AGENT_NAMES.get(name, name)
+        who = ACTIVITIES[name].who
         try:
-            out = await workflow.execute_activity(
-                name, arg, task_queue=queues.AGENTS_QUEUE, start_to_close_timeout=timedelta(seconds=timeout),
-                schedule_to_close_timeout=left, heartbeat_timeout=timedelta(seconds=t.agent_heartbeat_s),
-                retry_policy=AGENT_RETRY_PATIENT, result_type=result_type)
+            out = await workflow.execute_activity(name, arg, schedule_to_close_timeout=left, **opts)
         except ActivityError as err:
             cause = err.cause
             if isinstance(cause, ApplicationError):
@@ -537,48 +537,36 @@ class OptimizeKernel:
 
     # ---------------------------------------------------------------------------------- evaluation
 
-    async def _evaluate(self, req: OptimizeRequest, rnd: int, cand: Candidate, description: str,
+    async def _evaluate(self, req: OptimizeRequest, at: tuple[int, int], cand: Candidate, description: str,
                         diff: str, extra_shapes: list[Shape]) -> CandidateOutcome:
-        t = req.timeouts
+        rnd = at[0]
         outcome = CandidateOutcome(round=rnd, candidate_id=cand.id, description=description,
                                    tunables=cand.tunables, flags=cand.flags, diff=diff)
         self._progress.phase = "compile"
         compiled: CompileResult = await workflow.execute_activity(
             "compile", CompileRequest(package=req.package, target=req.target, toolchain=req.toolchain, candidate=cand),
-            task_queue=queues.build_queue(req.toolchain), start_to_close_timeout=timedelta(seconds=t.compile_s),
-            heartbeat_timeout=timedelta(seconds=t.compile_heartbeat_s), retry_policy=BUILD_RETRY,
-            result_type=CompileResult,
-        )
+            **self._options("compile", req, at))
         outcome.compile = compiled
         if not compiled.ok or compiled.library is None:
             return outcome
         shapes = req.package.spec.shapes[req.target]
-        exec_q = queues.exec_queue(req.target, req.gpu_class)
 
-        async def run_exec(kind: str, shape_list: list[Shape], result_type):
+        async def run_exec(kind: str, shape_list: list[Shape]):
             baseline = self._baseline_library if cand.id != req.baseline.id else None
             request = ExecRequest(package=req.package, target=req.target, candidate_id=cand.id,
                                   library=compiled.library, shapes=shape_list, dtypes=req.package.spec.dtypes,
                                   seed=req.seed * 1_000_003 + rnd, source=cand.source, baseline_library=baseline,
                                   baseline_id=req.baseline.id if baseline else None)
             self._progress.phase = kind
-            result = await workflow.execute_activity(
-                kind, request, task_queue=exec_q, start_to_close_timeout=timedelta(seconds=t.exec_s),
-                heartbeat_timeout=timedelta(seconds=t.exec_heartbeat_s), retry_policy=EXEC_RETRY,
-                result_type=result_type,
-            )
+            result = await workflow.execute_activity(kind, request, **self._options(kind, req, at))
             self._usage.device_seconds += result.seconds
             return result
 
-        tested: TestResult = await run_exec("test", [*shapes.test, *extra_shapes], TestResult)
+        tested: TestResult = await run_exec("test", [*shapes.test, *extra_shapes])
         outcome.test, outcome.correct = tested, tested.correct
         if tested.correct:
-            outcome.profile = await run_exec("profile", shapes.bench, ProfileResult)
+            outcome.profile = await run_exec("profile", shapes.bench)
         return outcome
-
-
-AGENT_NAMES = {"plan": "planner", "code": "coder", "repair": "coder (repair turn)", "analyze": "profile analyst",
-               "design_tests": "test designer", "single_agent": "single agent"}
 
 
 def _calls_in(err: ApplicationError) -> list[LLMCall]:

@@ -15,23 +15,25 @@ from temporalio.common import (
     SearchAttributePair,
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
 )
 from temporalio.service import RPCError
 
+from kopt.agent_models import PROVIDERS
 from kopt import build, queues
 from kopt.artifacts import ArtifactStore
 from kopt.candidates import candidate_id
 from kopt.errors import RunFailed, UsageError
+from kopt.gpu_classes import KNOWN_GPU_CLASSES
 from kopt.models import Candidate, PackageRef
 from kopt.package import PackageError, load_spec, read_tunables
-from kopt.report import build_report, write_report
+from kopt.app.report import build_report, write_report
 from kopt.run_models import OptimizeRequest, OptimizeResult, Progress
 from kopt.settings import Settings
-from workflows.optimize import BEST_KEY, KERNEL_KEY, ROUND_KEY, TARGET_KEY
+from kopt.search_attributes import BEST_KEY, KERNEL_KEY, ROUND_KEY, TARGET_KEY
 
 log = structlog.get_logger(__name__)
 
-PROVIDERS = ("offline", "openai")
 
 
 def prepare_request(kernel_dir: Path, target: str, gpu_class: str | None, rounds: int, provider: str, seed: int,
@@ -47,8 +49,8 @@ def prepare_request(kernel_dir: Path, target: str, gpu_class: str | None, rounds
         raise UsageError("--gpu-class applies to --target cuda only")
     if target == "cuda":
         gpu_class = gpu_class or queues.DEFAULT_GPU_CLASS
-        if gpu_class not in queues.KNOWN_GPU_CLASSES:
-            raise UsageError(f"unknown GPU class {gpu_class!r}; known: {', '.join(queues.KNOWN_GPU_CLASSES)}")
+        if gpu_class not in KNOWN_GPU_CLASSES:
+            raise UsageError(f"unknown GPU class {gpu_class!r}; known: {', '.join(KNOWN_GPU_CLASSES)}")
     try:
         spec = load_spec(kernel_dir)
     except PackageError as exc:
@@ -124,7 +126,7 @@ async def resume_point(client, settings: Settings, run: str, serve: bool = False
     from temporalio.client import WorkflowExecutionStatus
 
     from kopt.run_models import ResumePoint
-    from kopt.workers import WorkerPlan, running_workers
+    from kopt.app.workers import WorkerPlan, running_workers
 
     handle = client.get_workflow_handle(run)
     try:
@@ -157,12 +159,14 @@ async def resume_point(client, settings: Settings, run: str, serve: bool = False
 
 
 async def run_optimization(req: OptimizeRequest | None, kernel_dir: Path | None, report_dir: Path | None,
-                           settings: Settings, out=sys.stdout, resume: str | None = None) -> int:
+                           settings: Settings, out=sys.stdout, resume: str | None = None, rerun: bool = False) -> int:
     """Start (or attach to) a run and follow it to its report; `resume`: instead, continue that run
-    from its last finished round in a new run (kopt resume), paid LLM replies reused."""
-    from kopt.client import connect
-    from kopt.server import start_dev_server
-    from kopt.workers import running_workers
+    from its last finished round in a new run (kopt resume), paid LLM replies reused. The same
+    request again: attaches while the run is live, says how it ended once it has (`rerun`: starts a
+    fresh run under a new id instead)."""
+    from kopt.app.client import connect
+    from kopt.app.server import attach_home
+    from kopt.app.workers import running_workers
 
     def say(text: str) -> None:
         print(text, file=out, flush=True)
@@ -173,13 +177,18 @@ async def run_optimization(req: OptimizeRequest | None, kernel_dir: Path | None,
             address = settings.temporal_address
             workers_plan = None  # production: the cluster's workers serve the queues
         else:
-            server = start_dev_server(settings.server_db, settings.server_port, settings.ui_port)
-            stack.callback(server.stop)
+            workers_plan = _local_worker_plan(req) if req is not None else None  # refused before any server
+            server = attach_home(settings, say=lambda text: print(f"kopt: {text}", file=sys.stderr))
+            stack.callback(server.release)
             address, ui_url = server.address, server.ui_url
-            say(f"Temporal dev server {address} (database {settings.server_db}); Web UI: {ui_url}")
-            workers_plan = _local_worker_plan(req) if req is not None else None
+            say(f"Temporal dev server {address} (database {settings.server_db}"
+                f"{'' if server.started else ', already running'}); Web UI: {ui_url}")
         client = await connect(address, settings)
         wf_id = workflow_id(req) if req is not None else ""
+        if req is not None:
+            wf_id, ended = await _fresh_or_ended(client, wf_id, rerun)
+            if ended is not None:
+                return _say_ended(ended, wf_id, report_dir or settings.home / "reports" / wf_id, say)
         if resume is not None:
             req, wf_id = await resume_point(client, settings, resume, serve=workers_plan is None and
                                             not settings.temporal_address)
@@ -221,7 +230,8 @@ async def start_run(client, req: OptimizeRequest, wf_id: str):
         SearchAttributePair(BEST_KEY, 1.0),
     ])
     kwargs = dict(id=wf_id, task_queue=queues.WORKFLOW_QUEUE, result_type=OptimizeResult,
-                  id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)
+                  id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                  id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
     try:
         return await client.start_workflow(queues.WORKFLOW_NAME, req, search_attributes=attrs, **kwargs)
     except RPCError as exc:
@@ -232,9 +242,48 @@ async def start_run(client, req: OptimizeRequest, wf_id: str):
         return await client.start_workflow(queues.WORKFLOW_NAME, req, **kwargs)
 
 
+async def _fresh_or_ended(client, wf_id: str, rerun: bool):
+    """(id to start or attach to, None), or (id, description) of the run this request already ran to
+    its end; `rerun`: the first free id wf_id-rerun-N instead."""
+    from temporalio.client import WorkflowExecutionStatus
+
+    async def closed(run: str):
+        try:
+            desc = await client.get_workflow_handle(run).describe()
+        except RPCError:
+            return None  # no such run: free
+        return None if desc.status == WorkflowExecutionStatus.RUNNING else desc
+
+    desc = await closed(wf_id)
+    if desc is None or not rerun:
+        return wf_id, desc
+    n = 1
+    while True:
+        candidate = f"{wf_id}-rerun-{n}"
+        try:
+            await client.get_workflow_handle(candidate).describe()
+        except RPCError:
+            return candidate, None
+        n += 1
+
+
+def _say_ended(desc, wf_id: str, report_dir: Path, say) -> int:
+    state = desc.status.name.lower() if desc.status else "closed"
+    when = desc.close_time.strftime("%Y-%m-%d %H:%M:%S UTC") if desc.close_time else "earlier"
+    say(f"run {wf_id} already ran with these arguments: {state} at {when}")
+    report = report_dir / "report.md"
+    if report.is_file():
+        say(f"report: {report}")
+    say(f"`kopt status {wf_id}` summarizes it; --rerun starts a fresh run"
+        + ("" if state == "completed" else f"; `kopt resume {wf_id}` continues it from its last finished round"))
+    if state != "completed":
+        raise RunFailed(f"run {wf_id} ended {state}")
+    return 0
+
+
 def _local_worker_plan(req: OptimizeRequest):
     from gpu_worker.device import local_gpus
-    from kopt.workers import WorkerPlan
+    from kopt.app.workers import WorkerPlan
 
     toolchain = build.detect_toolchain(req.target)
     plan = WorkerPlan(roles=("workflows", "agents", "build", "exec"), toolchains=(toolchain,), exec_target=req.target)

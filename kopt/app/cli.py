@@ -5,30 +5,40 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 
 import structlog
+from pydantic import ValidationError
 
+from kopt.agent_models import PROVIDERS
 from kopt import logs, queues
 from kopt.errors import RunFailed, UsageError, failure_chain
+from kopt.app.server import ServerError
 from kopt.settings import Settings
 
 log = structlog.get_logger("kopt")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+TARGETS = ("cpu", "cuda")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        print(f"kopt: error: {setting_error(exc)}", file=sys.stderr)
+        return EXIT_USAGE
     following = args.command in ("optimize", "resume")
     logs.configure(settings.log_format, "warning" if following else settings.log_level)
     if following:  # an agent attempt that failed is in the run's events and history: no traceback here
         logging.getLogger("temporalio.activity").setLevel(logging.ERROR)
+    received = _terminate_like_interrupt()
     try:
         return asyncio.run(args.func(args, settings))
     except UsageError as exc:
@@ -38,9 +48,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kopt: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print("kopt: interrupted; the run is durable and resumes when the same command is started again",
-              file=sys.stderr)
-        return 130
+        how = signal.Signals(received[-1]).name if received else "interrupted"
+        if following:
+            print(f"kopt: {how}; the run is durable: it goes on when the same command is started again "
+                  "(workers stopped with this process)", file=sys.stderr)  # fmt: skip
+        else:
+            print(f"kopt: {how}", file=sys.stderr)
+        return 128 + (received[-1] if received else signal.SIGINT)
+    except ServerError as exc:
+        print(f"kopt: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except Exception as exc:  # noqa: BLE001 - infrastructure failure: one line, non-zero
         if type(exc).__name__ == "WorkflowFailureError":
             print(f"kopt: run failed: {failure_chain(exc)}", file=sys.stderr)
@@ -49,16 +66,58 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
 
 
+def entry() -> None:
+    """The `kopt` console script: main(), then out without interpreter finalization (where the
+    Temporal client's native threads could still call into Python and abort the process)."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def setting_error(exc: ValidationError) -> str:
+    """A KOPT_* variable that does not parse, named as the user set it."""
+    first = exc.errors()[0]
+    name = "KOPT_" + "_".join(str(p) for p in first["loc"]).upper()
+    value = os.environ.get(name)
+    return f"{name}={value!r}: {first['msg']}" if value is not None else f"{name}: {first['msg']}"
+
+
+def _terminate_like_interrupt() -> list[int]:
+    """SIGTERM and SIGHUP (a CI runner cancelling a job, `timeout`, a closed terminal) end a command the
+    way Ctrl-C does: asyncio cancels it, its cleanup runs (workers stop, the server is released), and
+    it exits 128+signal with one line. The list gets the signal's number."""
+    received: list[int] = []
+
+    def handler(signum, frame):
+        received.append(signum)
+        signal.getsignal(signal.SIGINT)(signum, frame)  # asyncio.run's own Ctrl-C handler, once it runs
+
+    # A job started with `&` by a script inherits SIGINT ignored, and asyncio.run then installs no
+    # handler: give it the default one to replace.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+    return received
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in kopt's one-line form (exit 2), like every other bad input."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"kopt: error: {message} (see `{self.prog} --help`)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kopt", description="Durable, agent-driven kernel optimization.")
+    parser = _Parser(prog="kopt", description="Durable, agent-driven kernel optimization.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     opt = sub.add_parser("optimize", help="optimize a kernel package")
     opt.add_argument("kernel_dir", type=Path)
-    opt.add_argument("--target", default="cpu", help="cpu or cuda (default: cpu)")
+    opt.add_argument("--target", default="cpu", choices=TARGETS, help="default: cpu")
     opt.add_argument("--gpu-class", default=None, help=f"GPU class for cuda (default: {queues.DEFAULT_GPU_CLASS})")
     opt.add_argument("--rounds", type=int, default=5)
-    opt.add_argument("--provider", default="offline")
+    opt.add_argument("--provider", default="offline", choices=PROVIDERS)
     opt.add_argument("--seed", type=int, default=0)
     opt.add_argument("--report-dir", type=Path, default=None, help="default: $KOPT_HOME/reports/<run id>")
     opt.add_argument("--model", default=None, help="provider openai: model (default KOPT_OPENAI_MODEL)")
@@ -74,6 +133,8 @@ def _parser() -> argparse.ArgumentParser:
     opt.add_argument("--max-wall-time", type=float, default=None, help="stop after this many seconds")
     opt.add_argument("--approve", action="store_true", help="wait for `kopt approve` before accepting a new best")
     opt.add_argument("--continue-every", type=int, default=50, help="rounds per history segment")
+    opt.add_argument("--rerun", action="store_true",
+                     help="start a fresh run even if one with these arguments already ended (new run id)")
     opt.set_defaults(func=_cmd_optimize)
 
     res = sub.add_parser("resume", help="continue a run that failed or was cancelled, from its last finished "
@@ -85,7 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("evaluate", help="test and profile one candidate against the package baseline (no agents)")
     ev.add_argument("kernel_dir", type=Path)
     ev.add_argument("--candidate", type=Path, required=True)
-    ev.add_argument("--target", default=None, help="cpu or cuda (default: from the candidate's suffix)")
+    ev.add_argument("--target", default=None, choices=TARGETS, help="default: from the candidate's suffix")
     ev.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
     ev.set_defaults(func=_cmd_evaluate)
 
@@ -117,12 +178,15 @@ def _parser() -> argparse.ArgumentParser:
     wk = sub.add_parser("worker", help="run a worker of one role against a Temporal server")
     wk.add_argument("--role", required=True, choices=["workflows", "agents", "build", "exec"])
     wk.add_argument("--toolchain", action="append", help="build role: toolchain name(s); default all local ones")
-    wk.add_argument("--target", default="cpu", help="exec role: cpu or cuda")
+    wk.add_argument("--target", default="cpu", choices=TARGETS, help="exec role (default: cpu)")
     wk.add_argument("--gpu-class", default=None, help="exec role, cuda: default from the device")
     wk.add_argument("--gpu-index", type=int, default=0, help="exec role, cuda: which local GPU")
     wk.set_defaults(func=_cmd_worker)
 
-    srv = sub.add_parser("server", help="run the embedded Temporal dev server in the foreground")
+    srv = sub.add_parser("server", help="the embedded Temporal dev server of this KOPT_HOME: run it in the "
+                                        "foreground (default), show its status, or stop it")
+    srv.add_argument("action", nargs="?", default="run", choices=["run", "status", "stop"])
+    srv.add_argument("--force", action="store_true", help="stop: even while a kopt command uses it")
     srv.set_defaults(func=_cmd_server)
     return parser
 
@@ -131,22 +195,22 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
-    from kopt.runs import apply_run_options, prepare_request, run_optimization
+    from kopt.app.runs import apply_run_options, prepare_request, run_optimization
 
     req = prepare_request(args.kernel_dir, args.target, args.gpu_class, args.rounds, args.provider, args.seed,
                           settings)
     req = apply_run_options(req, args, settings)
-    return await run_optimization(req, args.kernel_dir, args.report_dir, settings)
+    return await run_optimization(req, args.kernel_dir, args.report_dir, settings, rerun=args.rerun)
 
 
 async def _cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
-    from kopt.runs import run_optimization
+    from kopt.app.runs import run_optimization
 
     return await run_optimization(None, None, args.report_dir, settings, resume=args.run)
 
 
 async def _cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
-    from kopt.evaluate import evaluate
+    from kopt.app.evaluate import evaluate
 
     return await evaluate(args.kernel_dir, args.candidate, args.target, args.json, settings)
 
@@ -155,17 +219,22 @@ async def _cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
-    from kopt import inspect
+    from kopt.app import inspect
 
+    if args.action == "runs" and not settings.temporal_address and not settings.server_db.exists():
+        print(f"no runs yet in {settings.home}", file=sys.stderr if args.json else sys.stdout)
+        if args.json:
+            print("[]")
+        return EXIT_OK
     async with inspect.reader(settings) as client:
         if args.action == "runs":
             rows = await inspect.list_runs(client, args.limit, out=sys.stderr if args.json else sys.stdout)
             if args.json:
                 print(inspect.dump_json(rows))
         elif args.action == "status":
-            await inspect.status(client, args.run)
+            await inspect.status(client, args.run, reports=settings.home / "reports")
         elif args.action == "watch":
-            await inspect.watch(client, args.run)
+            await inspect.watch(client, args.run, reports=settings.home / "reports")
         elif args.action == "history":
             print(inspect.history_text(await inspect.view(client, args.run), full=args.full))
         elif args.action == "export":
@@ -188,8 +257,9 @@ async def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from gpu_worker.device import local_gpus
-    from kopt.client import connect
-    from kopt.workers import WorkerPlan, make_workers, toolchains_for
+    from kopt.app.client import connect
+    from kopt.app.server import attach_home
+    from kopt.app.workers import WorkerPlan, make_workers, toolchains_for
 
     plan = WorkerPlan(roles=(args.role,))
     if args.role == "build":
@@ -210,11 +280,16 @@ async def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             plan.gpu_index, plan.gpu_class = args.gpu_index, args.gpu_class or gpus[args.gpu_index]
             if plan.gpu_class != gpus[args.gpu_index]:
                 raise UsageError(f"GPU {args.gpu_index} is a {gpus[args.gpu_index]}, not a {plan.gpu_class}")
-    address = settings.temporal_address or f"127.0.0.1:{settings.server_port}"
-    client = await connect(address, settings)
-    workers = make_workers(client, settings, plan)
-    log.info("worker_started", role=args.role, address=address, queues=[w.task_queue for w in workers])
     async with AsyncExitStack() as stack:
+        if settings.temporal_address:
+            address = settings.temporal_address
+        else:  # the embedded server of this home (started if none runs)
+            server = attach_home(settings, say=lambda text: print(f"kopt: {text}", file=sys.stderr))
+            stack.callback(server.release)
+            address = server.address
+        client = await connect(address, settings)
+        workers = make_workers(client, settings, plan)
+        log.info("worker_started", role=args.role, address=address, queues=[w.task_queue for w in workers])
         for w in workers:
             await stack.enter_async_context(w)
         await _wait_for_signal()
@@ -225,24 +300,47 @@ async def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _cmd_server(args: argparse.Namespace, settings: Settings) -> int:
-    from kopt.server import start_dev_server
+    from kopt.app.server import attach_home, read_record, stop_home_server
 
-    server = start_dev_server(settings.server_db, settings.server_port, settings.ui_port)
-    print(f"Temporal dev server at {server.address}; Web UI {server.ui_url}; database {settings.server_db}", flush=True)
+    if settings.temporal_address:
+        raise UsageError(f"KOPT_TEMPORAL_ADDRESS is set ({settings.temporal_address}): kopt uses that cluster, "
+                         "not an embedded server")  # fmt: skip
+    if args.action == "stop":
+        print(stop_home_server(settings.home, force=args.force))
+        return EXIT_OK
+    if args.action == "status":
+        rec = read_record(settings.home)
+        if rec is None or not rec.alive():
+            print(f"no kopt server is running for {settings.home}")
+            return EXIT_FAILED
+        print(f"Temporal dev server at {rec.address} (pid {rec.pid}); Web UI {rec.ui_url}; database {rec.db}")
+        return EXIT_OK
+    server = attach_home(settings, say=lambda text: print(f"kopt: {text}", file=sys.stderr))
     try:
-        await _wait_for_signal()
+        print(f"Temporal dev server at {server.address}{'' if server.started else ' (already running)'}; "
+              f"Web UI {server.ui_url}; database {settings.server_db}", flush=True)  # fmt: skip
+        if await _wait_for_signal(until=lambda: not server.alive()):
+            print("kopt: the server stopped (`kopt server stop`, or it exited: see its temporal.log)", file=sys.stderr)
     finally:
-        server.stop()
+        if not server.release():
+            print("kopt: the server keeps running for the other kopt commands of this home", file=sys.stderr)
     return EXIT_OK
 
 
-async def _wait_for_signal() -> None:
+async def _wait_for_signal(until=None) -> bool:
+    """Until SIGINT, SIGTERM or SIGHUP (False) or `until()` turns true, checked every second (True)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=1.0)
+        except TimeoutError:
+            if until is not None and until():
+                return True
+    return False
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

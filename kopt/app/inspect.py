@@ -7,24 +7,28 @@ import html
 import json
 import sys
 from contextlib import asynccontextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer
 
-from kopt.client import connect
+from kopt.activity_table import ACTIVITIES, names
+from kopt.app.client import connect
 from kopt.errors import UsageError
-from kopt.history import RunView, load_run, segments
+from kopt.app.history import RunView, load_run, segments
 from kopt.run_models import Approval, Progress
 from kopt.settings import Settings
-from workflows.optimize import BEST_KEY, KERNEL_KEY, ROUND_KEY, TARGET_KEY, OptimizeKernel
+from kopt.search_attributes import BEST_KEY, KERNEL_KEY, ROUND_KEY, TARGET_KEY
+from workflows.optimize import OptimizeKernel
 
 
 @asynccontextmanager
 async def reader(settings: Settings):
     """A client for the configured cluster, or for the embedded server (started on its database)."""
-    from kopt.server import start_dev_server
+    from kopt.app.server import attach_home
 
     server = None
     if settings.temporal_address:
@@ -33,20 +37,18 @@ async def reader(settings: Settings):
         if not settings.server_db.exists():
             raise UsageError(f"no kopt runs yet: {settings.server_db} does not exist (set KOPT_HOME or "
                              "KOPT_TEMPORAL_ADDRESS)")
-        server = start_dev_server(settings.server_db, settings.server_port, settings.ui_port)
+        server = attach_home(settings, say=lambda text: print(f"kopt: {text}", file=sys.stderr))
         address = server.address
     try:
         yield await connect(address, settings)
     finally:
         if server is not None:
-            server.stop()
+            server.release()
 
 
 async def view(client: Client, run: str) -> RunView:
-    try:
-        return await load_run(client, run)
-    except Exception as exc:  # noqa: BLE001 - an unknown id is the usual cause
-        raise UsageError(f"cannot read run {run!r}: {exc}") from None
+    await describe(client, run)
+    return await load_run(client, run)
 
 
 async def list_runs(client: Client, limit: int, out=sys.stdout) -> list[dict]:
@@ -65,18 +67,65 @@ async def list_runs(client: Client, limit: int, out=sys.stdout) -> list[dict]:
     return rows
 
 
-async def status(client: Client, run: str, out=sys.stdout) -> Progress | None:
+QUERY_TIMEOUT = timedelta(seconds=3)  # a live run's worker answers in milliseconds; none answers at all
+
+
+async def describe(client: Client, run: str):
+    """(handle, description) of a run; an unknown id is a usage error, worded the same for every command."""
     handle = client.get_workflow_handle(run)
     try:
-        desc = await handle.describe()
-    except Exception as exc:  # noqa: BLE001
-        raise UsageError(f"unknown run {run!r}: {exc}") from None
+        return handle, await handle.describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise UsageError(f"unknown run {run!r} (see `kopt runs`)") from None
+        raise
+
+
+async def live_progress(handle) -> Progress | None:
+    """The workflow's own progress, or None when no workflow worker answers within QUERY_TIMEOUT."""
+    try:
+        return await handle.query("progress", result_type=Progress, rpc_timeout=QUERY_TIMEOUT)
+    except Exception:  # noqa: BLE001 - no worker (or one restarting): history tells the rest
+        return None
+
+
+def history_summary(view: RunView, reports: Path | None = None) -> list[str]:
+    """What a closed (or unattended) run did, from its history alone."""
+    req, res = view.request, view.result
+    done = max((r.round for r in view.rounds), default=0)
+    lines = []
+    if req is not None:
+        lines.append(f"{req.package.spec.name} on {req.target}{' / ' + req.gpu_class if req.gpu_class else ''}, "
+                     f"round {done}/{req.rounds} ({len(view.run_ids)} segment(s))")  # fmt: skip
+    if res is not None:
+        if res.best is not None:
+            lines.append(f"best: {res.best.candidate_id} (round {res.best.round}) "
+                         f"{res.best.speedup_geomean:.3f}x over the baseline")  # fmt: skip
+        if res.stop_reason:
+            lines.append(f"stopped early: {res.stop_reason}")
+        if res.reason:
+            lines.append(f"reason: {res.reason}")
+    elif view.status != "running":
+        lines.append("no result: see `kopt history` (and `kopt resume` to continue it)")
+    if reports is not None and (reports / view.workflow_id / "report.json").is_file():
+        lines.append(f"report: {reports / view.workflow_id / 'report.json'}")
+    return lines
+
+
+async def status(client: Client, run: str, out=sys.stdout, reports: Path | None = None) -> Progress | None:
+    """A finished run: from its history (no worker needed); a live one: its own progress query, else
+    its history."""
+    handle, desc = await describe(client, run)
     print(f"run {run}: {desc.status.name.lower() if desc.status else 'unknown'} (Temporal run {desc.run_id})",
           file=out)
-    try:
-        progress = await handle.query("progress", result_type=Progress)
-    except Exception:  # noqa: BLE001 - no worker to answer; history still tells the rest
-        print("  (progress unavailable: no workflow worker is running; see `kopt history`)", file=out)
+    progress = await live_progress(handle) if desc.status == WorkflowExecutionStatus.RUNNING else None
+    if progress is None:
+        if desc.status == WorkflowExecutionStatus.RUNNING:
+            print("  no workflow worker is serving it (is its `kopt optimize` running?); from history:", file=out)
+        for line in history_summary(await load_run(client, run), reports):
+            print(f"  {line}", file=out)
+        for line in await llm_waits(handle, desc):
+            print(f"  {line}", file=out)
         return None
     best = f"{progress.best_speedup:.3f}x" if progress.best_speedup else "-"
     print(f"  phase {progress.phase}, round {progress.round}/{progress.rounds}, segment {progress.segment}, "
@@ -90,15 +139,11 @@ async def status(client: Client, run: str, out=sys.stdout) -> Progress | None:
     return progress
 
 
-AGENT_ACTIVITIES = {"plan": "planner", "code": "coder", "repair": "coder (repair turn)", "analyze": "profile analyst",
-                    "design_tests": "test designer", "single_agent": "single agent"}
-
-
 async def llm_waits(handle, desc) -> list[str]:
     """One line per agent activity being retried because the endpoint failed: "waiting for the LLM
     endpoint since <first attempt's start> (planner, attempt 4): HTTP 500 from ..."."""
     pending = [p for p in desc.raw_description.pending_activities
-               if p.activity_type.name in AGENT_ACTIVITIES and p.attempt > 1 and p.HasField("last_failure")]
+               if p.activity_type.name in names("agents") and p.attempt > 1 and p.HasField("last_failure")]
     if not pending:
         return []
     scheduled: dict[str, datetime] = {}
@@ -111,40 +156,54 @@ async def llm_waits(handle, desc) -> list[str]:
         since = scheduled.get(p.activity_id)
         when = since.strftime("%Y-%m-%d %H:%M:%S UTC") if since else "an earlier attempt"
         error = p.last_failure.message.strip().splitlines()[0] if p.last_failure.message.strip() else "no detail"
-        lines.append(f"waiting for the LLM endpoint since {when} ({AGENT_ACTIVITIES[p.activity_type.name]}, "
+        lines.append(f"waiting for the LLM endpoint since {when} ({ACTIVITIES[p.activity_type.name].who}, "
                      f"attempt {p.attempt}): {error}")
     return lines
 
 
-async def watch(client: Client, run: str, out=sys.stdout, interval: float = 1.0) -> None:
-    """Live view: a progress bar and new events until the run closes."""
-    handle = client.get_workflow_handle(run)
-    seen = 0
-    shown_waits: list[str] = []
-    while True:
-        desc = await handle.describe()
-        try:
-            p = await handle.query("progress", result_type=Progress)
-        except Exception:  # noqa: BLE001
-            p = None
+async def watch(client: Client, run: str, out=sys.stdout, interval: float = 1.0, reports: Path | None = None) -> None:
+    """Live view: new events, and a progress line redrawn in place (on a terminal), until the run
+    closes; a closed run is summarized from history at once."""
+    handle, desc = await describe(client, run)
+    tty = out.isatty()
+    seen, shown_waits, bar_shown, unattended = 0, [], False, False
+
+    def emit(text: str) -> None:
+        nonlocal bar_shown
+        if bar_shown and tty:
+            out.write("\r\x1b[2K")  # the progress line gives way to the new text
+            bar_shown = False
+        print(text, file=out, flush=True)
+
+    while desc.status == WorkflowExecutionStatus.RUNNING:
+        p = await live_progress(handle)
+        if p is None and not unattended:
+            emit(f"  run {run} is running, but no workflow worker serves it (is its `kopt optimize` running?)")
+        unattended = p is None
         if p is not None:
             fresh = p.event_total - seen
             for event in p.events[-fresh:] if fresh > 0 else []:
-                print(f"  {event}", file=out)
+                emit(f"  {event}")
             seen = p.event_total
             done = min(p.round, p.rounds)
-            bar = "#" * int(30 * done / max(p.rounds, 1))
             best = f"{p.best_speedup:.3f}x" if p.best_speedup else "-"
-            print(f"[{bar:30}] round {done}/{p.rounds} {p.phase:18} best {best}", file=out, flush=True)
-            waits = await llm_waits(handle, desc)
-            if waits != shown_waits:
-                for line in waits:
-                    print(f"  {line}", file=out, flush=True)
-                shown_waits = waits
-        if desc.status != WorkflowExecutionStatus.RUNNING:
-            print(f"run {run}: {desc.status.name.lower()}", file=out)
-            return
+            line = f"[{'#' * int(30 * done / max(p.rounds, 1)):30}] round {done}/{p.rounds} {p.phase:18} best {best}"
+            if tty:
+                out.write(f"\r\x1b[2K{line}")
+                out.flush()
+                bar_shown = True
+            else:
+                print(line, file=out, flush=True)
+        waits = await llm_waits(handle, desc)
+        if waits != shown_waits:
+            for w in waits:
+                emit(f"  {w}")
+            shown_waits = waits
         await asyncio.sleep(interval)
+        desc = await handle.describe()
+    emit(f"run {run}: {desc.status.name.lower() if desc.status else 'unknown'}")
+    for line in history_summary(await load_run(client, run), reports):
+        print(f"  {line}", file=out, flush=True)
 
 
 def history_text(view: RunView, full: bool = False) -> str:
@@ -206,6 +265,7 @@ def export(view: RunView, fmt: str) -> str:
 
 async def replay(client: Client, run: str, out=sys.stdout) -> int:
     """Replay every segment of a run against the current workflow code; report non-determinism."""
+    await describe(client, run)
     histories = await segments(client, run)
     replayer = Replayer(workflows=[OptimizeKernel], data_converter=pydantic_data_converter)
     failures = 0
@@ -220,7 +280,7 @@ async def replay(client: Client, run: str, out=sys.stdout) -> int:
 
 
 async def approve(client: Client, run: str, candidate: str, accept: bool, out=sys.stdout) -> None:
-    handle = client.get_workflow_handle(run)
+    handle, _ = await describe(client, run)
     try:
         answer = await handle.execute_update("approve", Approval(candidate_id=candidate, accept=accept),
                                              result_type=str)
@@ -231,7 +291,12 @@ async def approve(client: Client, run: str, candidate: str, accept: bool, out=sy
 
 
 async def cancel(client: Client, run: str, out=sys.stdout) -> None:
-    await client.get_workflow_handle(run).cancel()
+    handle, desc = await describe(client, run)
+    if desc.status != WorkflowExecutionStatus.RUNNING:
+        print(f"run {run} is not running ({desc.status.name.lower() if desc.status else 'unknown'}): "
+              "nothing to cancel", file=out)
+        return
+    await handle.cancel()
     print(f"cancellation requested for {run}", file=out)
 
 

@@ -17,6 +17,7 @@ from activities.build import BuildActivities
 from activities.execution import ExecActivities
 from gpu_worker.device import cpu_name
 from kopt import build, jail, queues
+from kopt.activity_table import Kind, names
 from kopt.artifacts import ArtifactStore
 from kopt.settings import Settings
 from workflows.optimize import OptimizeKernel
@@ -57,13 +58,14 @@ def make_workers(client: Client, settings: Settings, plan: WorkerPlan) -> list[W
         workers.append(Worker(client, task_queue=queues.WORKFLOW_QUEUE, workflows=[OptimizeKernel]))
     if "agents" in plan.roles:
         workers.append(Worker(client, task_queue=queues.AGENTS_QUEUE,
-                              activities=agent_activities.ACTIVITIES,
-                              max_concurrent_activities=8))
+                              activities=implementations(agent_activities, "agents"),
+                              max_concurrent_activities=8))  # fmt: skip
     if "build" in plan.roles:
         for tc in plan.toolchains:
             acts = BuildActivities(store, tc, settings.work_dir / "build")
-            workers.append(Worker(client, task_queue=queues.build_queue(tc.name), activities=[acts.compile],
-                                  max_concurrent_activities=max(1, os.cpu_count() or 1)))
+            workers.append(Worker(client, task_queue=queues.build_queue(tc.name),
+                                  activities=implementations(acts, "build"),
+                                  max_concurrent_activities=max(1, os.cpu_count() or 1)))  # fmt: skip
     if "exec" in plan.roles and plan.exec_target:
         queue = queues.exec_queue(plan.exec_target, plan.gpu_class)
         if plan.gpu_index is not None:
@@ -72,9 +74,18 @@ def make_workers(client: Client, settings: Settings, plan: WorkerPlan) -> list[W
         device_class = plan.gpu_class if plan.exec_target == "cuda" else f"cpu:{cpu_name()}"
         acts = ExecActivities(store, settings.work_dir / "exec", device_class)
         # One activity slot per device: timings are never taken with two kernels on one GPU/CPU.
-        workers.append(Worker(client, task_queue=queue, activities=[acts.test, acts.profile],
+        workers.append(Worker(client, task_queue=queue, activities=implementations(acts, "exec"),
                               max_concurrent_activities=1))
     return workers
+
+
+def implementations(provider: object, kind: Kind) -> list:
+    """The activities of one kind (kopt/activity_table.py), found by their table names on `provider`
+    (the agents module, a BuildActivities or ExecActivities): one missing is a startup error."""
+    missing = [name for name in names(kind) if not callable(getattr(provider, name, None))]
+    if missing:
+        raise RuntimeError(f"no implementation of activities {missing} on {provider!r}")
+    return [getattr(provider, name) for name in names(kind)]
 
 
 @asynccontextmanager

@@ -9,35 +9,17 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from kopt.agent_models import (
-    AgentCodeRequest,
-    AgentPlanRequest,
-    AnalyzeRequest,
-    CodeOutput,
-    Diagnosis,
-    DiagnosisOutput,
-    LLMCall,
-    PlanOutput,
-    RepairRequest,
-    SingleAgentOutput,
-    SingleAgentRequest,
-    TestDesignOutput,
-    TestDesignRequest,
-)
-from kopt.models import CodeResult, CompileRequest, CompileResult, ExecRequest, Plan, ProfileResult, TestResult
+from kopt.activity_table import ACTIVITIES, parse_activity_id
+from kopt.agent_models import Diagnosis, LLMCall
+from kopt.models import CodeResult, CompileResult, Plan, ProfileResult, TestResult
 from kopt.run_models import OptimizeRequest, OptimizeResult
-
-INPUT_TYPES = {"plan": AgentPlanRequest, "code": AgentCodeRequest, "repair": RepairRequest,
-               "single_agent": SingleAgentRequest, "analyze": AnalyzeRequest, "design_tests": TestDesignRequest,
-               "compile": CompileRequest, "test": ExecRequest, "profile": ExecRequest}
-RESULT_TYPES = {"plan": PlanOutput, "code": CodeOutput, "repair": CodeOutput, "single_agent": SingleAgentOutput,
-                "analyze": DiagnosisOutput, "design_tests": TestDesignOutput, "compile": CompileResult,
-                "test": TestResult, "profile": ProfileResult}
 
 
 class ActivityCall(BaseModel):
     activity: str
     task_queue: str
+    activity_id: str = ""
+    at: tuple[int, int] | None = None  # (round, slot) named by the id (runs since ACTIVITY_IDS_PATCH)
     input: Any = None
     result: Any = None
     failure: str | None = None
@@ -99,8 +81,10 @@ def activity_calls(history: WorkflowHistory) -> list[ActivityCall]:
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             a = e.activity_task_scheduled_event_attributes
             name = a.activity_type.name
-            calls[e.event_id] = ActivityCall(activity=name, task_queue=a.task_queue.name,
-                                             input=_decode(a.input, INPUT_TYPES.get(name, dict)))
+            known = ACTIVITIES.get(name)
+            calls[e.event_id] = ActivityCall(activity=name, task_queue=a.task_queue.name, activity_id=a.activity_id,
+                                             at=parse_activity_id(a.activity_id),
+                                             input=_decode(a.input, known.request if known else dict))  # fmt: skip
         elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
             a = e.activity_task_started_event_attributes
             started[e.event_id] = a.scheduled_event_id
@@ -115,7 +99,8 @@ def activity_calls(history: WorkflowHistory) -> list[ActivityCall]:
         elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             a = e.activity_task_completed_event_attributes
             call = calls[a.scheduled_event_id]
-            call.result = _decode(a.result, RESULT_TYPES.get(call.activity, dict))
+            known = ACTIVITIES.get(call.activity)
+            call.result = _decode(a.result, known.result if known else dict)
         elif e.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED, EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT):
             a = (e.activity_task_failed_event_attributes if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
                  else e.activity_task_timed_out_event_attributes)
@@ -126,6 +111,48 @@ def activity_calls(history: WorkflowHistory) -> list[ActivityCall]:
 
 
 def rounds_of(calls: list[ActivityCall], baseline_id: str | None, segment: int) -> list[RoundView]:
+    """A segment's activity calls grouped into rounds: by the (round, slot) their ids name, or, in
+    histories recorded before activity ids, by matching candidates (rounds_by_matching)."""
+    if calls and all(c.at is not None for c in calls):
+        return rounds_by_id(calls, segment)
+    return rounds_by_matching(calls, baseline_id, segment)
+
+
+def rounds_by_id(calls: list[ActivityCall], segment: int) -> list[RoundView]:
+    """One view per (round, slot) (round 0: the test design and the baseline); the analyst's diagnosis
+    of a round goes to every slot of that round."""
+    views: dict[tuple[int, int], RoundView] = {}
+    diagnoses: dict[int, tuple[Diagnosis | None, list[LLMCall]]] = {}
+    for call in calls:
+        rnd, slot = call.at
+        out = call.result
+        done = list(getattr(out, "calls", []) or [])  # earlier failed attempts' calls included
+        llm = [*[c for c in call.failed_llm_calls if c not in done], *done]
+        if call.activity == "analyze":
+            diagnoses[rnd] = (out.diagnosis if out else None, llm)
+            continue
+        view = views.setdefault((rnd, slot), RoundView(round=rnd, segment=segment))
+        view.calls.append(call)
+        view.llm_calls += llm
+        if call.activity in ("plan", "single_agent") and out is not None:
+            view.plan = out.plan
+        if call.activity in ("code", "repair", "single_agent") and out is not None and not (
+                call.activity == "single_agent" and out.plan.exhausted):  # fmt: skip
+            view.code = out.result
+            view.candidate_id = out.result.candidate.id
+        elif call.activity in ("compile", "test", "profile"):
+            setattr(view, call.activity, out)
+            if view.candidate_id is None:  # the baseline's own calls
+                view.candidate_id = call.input.candidate.id if call.activity == "compile" else call.input.candidate_id
+    for (rnd, slot), view in views.items():
+        if rnd in diagnoses:
+            view.diagnosis = diagnoses[rnd][0]
+            if slot == min(s for r, s in views if r == rnd):  # the analyst's calls counted once
+                view.llm_calls = [*diagnoses[rnd][1], *view.llm_calls]
+    return [views[k] for k in sorted(views)]
+
+
+def rounds_by_matching(calls: list[ActivityCall], baseline_id: str | None, segment: int) -> list[RoundView]:
     """Group a segment's activity calls into rounds (round 0 is the test design and the baseline).
 
     With several candidates per round there is one view per candidate; an analyst's diagnosis

@@ -1,0 +1,5 @@
+"""`python -m kopt ...`: the `kopt` command (kopt/app/cli.py)."""
+
+from kopt.app.cli import entry
+
+entry()

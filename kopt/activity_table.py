@@ -1,0 +1,111 @@
+"""Every activity of an optimization run, in one table: name, request and result types, task queue,
+timeouts and retry policy. The workflow calls through it (workflows/optimize.py), the workers register
+their implementations by its names (kopt/app/workers.py checks none is missing or extra), and history
+decodes each call's payloads with its types (kopt/app/history.py).
+
+Activity ids name where a call belongs: ``r<round>.s<slot>.<name>.<n>`` (n counts calls in the run,
+so every id is unique). Round 0 is the test design and the baseline; slot is the candidate's place in
+its round (0 for round-wide calls: the analyst, the baseline).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal
+
+from temporalio.common import RetryPolicy
+
+from kopt import queues
+from kopt.agent_models import (
+    BAD_REPLY_TYPES,
+    STOP_TYPES,
+    AgentCodeRequest,
+    AgentPlanRequest,
+    AnalyzeRequest,
+    CodeOutput,
+    DiagnosisOutput,
+    PlanOutput,
+    RepairRequest,
+    SingleAgentOutput,
+    SingleAgentRequest,
+    TestDesignOutput,
+    TestDesignRequest,
+)
+from kopt.models import CompileRequest, CompileResult, ExecRequest, ProfileResult, TestResult
+from kopt.run_models import ActivityTimeouts
+
+Kind = Literal["agents", "build", "exec"]
+
+NON_RETRYABLE = ["InvalidRequest"]
+AGENT_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(minutes=2),
+                          non_retryable_error_types=NON_RETRYABLE)  # fmt: skip
+# Runs started with LLM_FAULTS_PATCH (docs/decisions/0016): an unavailable endpoint is retried with
+# backoff for as long as the wall-time budget allows; unusable replies and errors no retry can fix are not.
+AGENT_RETRY_PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
+                                  maximum_interval=timedelta(minutes=2), maximum_attempts=0,
+                                  non_retryable_error_types=[*NON_RETRYABLE, *BAD_REPLY_TYPES, *STOP_TYPES])  # fmt: skip
+BUILD_RETRY = RetryPolicy(maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
+EXEC_RETRY = RetryPolicy(maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
+
+
+@dataclass(frozen=True)
+class ActivityDef:
+    name: str
+    request: type
+    result: type
+    kind: Kind  # which workers serve it: the agents queue, a build queue, an exec queue
+    who: str  # how a person calls it (agents: the role)
+
+    def queue(self, target: str, toolchain: str, gpu_class: str | None) -> str:
+        if self.kind == "agents":
+            return queues.AGENTS_QUEUE
+        if self.kind == "build":
+            return queues.build_queue(toolchain)
+        return queues.exec_queue(target, gpu_class)
+
+    def timeouts(self, t: ActivityTimeouts) -> tuple[timedelta, timedelta]:
+        """(start-to-close, heartbeat) from the run's timeouts."""
+        seconds = {"agents": (t.agent_s, t.agent_heartbeat_s), "build": (t.compile_s, t.compile_heartbeat_s),
+                   "exec": (t.exec_s, t.exec_heartbeat_s)}[self.kind]  # fmt: skip
+        return timedelta(seconds=seconds[0]), timedelta(seconds=seconds[1])
+
+    def retry(self, patient: bool = False) -> RetryPolicy:
+        if self.kind == "agents":
+            return AGENT_RETRY_PATIENT if patient else AGENT_RETRY
+        return BUILD_RETRY if self.kind == "build" else EXEC_RETRY
+
+
+ACTIVITIES: dict[str, ActivityDef] = {
+    d.name: d
+    for d in (
+        ActivityDef("plan", AgentPlanRequest, PlanOutput, "agents", "planner"),
+        ActivityDef("code", AgentCodeRequest, CodeOutput, "agents", "coder"),
+        ActivityDef("repair", RepairRequest, CodeOutput, "agents", "coder (repair turn)"),
+        ActivityDef("analyze", AnalyzeRequest, DiagnosisOutput, "agents", "profile analyst"),
+        ActivityDef("design_tests", TestDesignRequest, TestDesignOutput, "agents", "test designer"),
+        ActivityDef("single_agent", SingleAgentRequest, SingleAgentOutput, "agents", "single agent"),
+        ActivityDef("compile", CompileRequest, CompileResult, "build", "compiler"),
+        ActivityDef("test", ExecRequest, TestResult, "exec", "correctness test"),
+        ActivityDef("profile", ExecRequest, ProfileResult, "exec", "profile"),
+    )
+}
+
+
+def names(kind: Kind) -> list[str]:
+    return [d.name for d in ACTIVITIES.values() if d.kind == kind]
+
+
+def activity_id(rnd: int, slot: int, name: str, n: int) -> str:
+    return f"r{rnd}.s{slot}.{name}.{n}"
+
+
+def parse_activity_id(activity_id: str) -> tuple[int, int] | None:
+    """(round, slot) of an id made by activity_id; None for Temporal's default ids (older runs)."""
+    parts = activity_id.split(".")
+    if len(parts) != 4 or not parts[0].startswith("r") or not parts[1].startswith("s"):
+        return None
+    try:
+        return int(parts[0][1:]), int(parts[1][1:])
+    except ValueError:
+        return None
