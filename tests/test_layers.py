@@ -84,7 +84,7 @@ def test_every_activity_in_the_table_has_one_implementation_of_that_name():
     from activities import agents as agent_activities
     from activities.build import BuildActivities
     from activities.execution import ExecActivities
-    from kopt.activity_table import ACTIVITIES, names
+    from kopt.activity_table import ACTIVITIES
     from kopt.app.workers import implementations
 
     providers = {"agents": agent_activities, "build": BuildActivities, "exec": ExecActivities}
