@@ -148,7 +148,24 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--candidate", type=Path, required=True)
     ev.add_argument("--target", default=None, choices=TARGETS, help="default: from the candidate's suffix")
     ev.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
+    ev.add_argument("--flags", type=_flag_list, default=None, metavar="'FLAG ...'",
+                    help="the candidate's compiler flags instead of the package's, e.g. --flags='-O3 -funroll-loops'")
     ev.set_defaults(func=_cmd_evaluate)
+
+    ver = sub.add_parser("verify", help="the CI regression gate: judge a candidate against the baseline; exit 0 pass, "
+                                        "1 wrong, 2 bad input, 3 slower, 4 infrastructure (no Temporal needed)")
+    ver.add_argument("kernel_dir", type=Path)
+    ver.add_argument("--candidate", type=Path, required=True)
+    ver.add_argument("--target", default=None, choices=TARGETS, help="default: from the candidate's suffix")
+    ver.add_argument("--flags", type=_flag_list, default=None, metavar="'FLAG ...'",
+                     help="the candidate's compiler flags instead of the package's")
+    ver.add_argument("--baseline", type=Path, default=None,
+                     help="the source to compare with (default: the package's own), e.g. the kernel on main")
+    ver.add_argument("--junit", type=Path, default=None, help="write a JUnit XML report here")
+    ver.add_argument("--json", type=Path, default=None, help="write the verdict as JSON here")
+    ver.add_argument("--max-slowdown", type=float, default=0.02,
+                     help="a shape fails when its whole 95%% interval is slower than this fraction (default 0.02)")
+    ver.set_defaults(func=_cmd_verify)
 
     runs = sub.add_parser("runs", help="list runs (kernel, status, round, best speedup)")
     runs.add_argument("--limit", type=int, default=50)
@@ -212,7 +229,19 @@ async def _cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
 async def _cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     from kopt.app.evaluate import evaluate
 
-    return await evaluate(args.kernel_dir, args.candidate, args.target, args.json, settings)
+    return await evaluate(args.kernel_dir, args.candidate, args.target, args.json, settings, flags=args.flags)
+
+
+async def _cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
+    from kopt.app.verify import verify
+
+    return await verify(args.kernel_dir, args.candidate, args.target, args.flags, args.baseline, args.junit, args.json,
+                        args.max_slowdown)
+
+
+def _flag_list(text: str) -> list[str]:
+    """--flags='-O3 -funroll-loops': the items, split on spaces (no flag contains one)."""
+    return text.split()
 
 
 # ------------------------------------------------------------------------------------------ inspect

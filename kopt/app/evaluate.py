@@ -1,4 +1,5 @@
-"""`kopt evaluate KERNEL_DIR --candidate FILE [--target cpu|cuda] [--json]`: judge one candidate.
+"""`kopt evaluate KERNEL_DIR --candidate FILE [--target cpu|cuda] [--flags ...] [--json]`: judge one
+candidate (and `judge`, which `kopt verify` shares).
 
 No Temporal: builds the package baseline and the candidate locally (temp dirs, the build workers'
 exact compiler command), runs the static checks, the full test against the reference with the
@@ -14,61 +15,85 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from gpu_worker import runner
-from kopt.build import build, detect_toolchain
-from kopt.models import ArtifactRef, ExecRequest, PackageRef, ProfileResult, TestResult
+from kopt.build import Toolchain, build, detect_toolchain
+from kopt.errors import UsageError
+from kopt.flags import check_flags
+from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef, ProfileResult, TestResult
 from kopt.package import PackageError, load_spec, source_path
 
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
 _NO_ARTIFACT = ArtifactRef(sha256="0" * 64, size=0, uri="file:///dev/null")  # libraries are local paths here
 
 
-async def evaluate(
-    kernel_dir: Path, candidate: Path, target: str | None, as_json: bool, settings: object = None, *,
-    time_cap_s: float | None = None, timeout_s: float = 900.0, seed: int = 0,
-    out: TextIO | None = None, err: TextIO | None = None,
-) -> int:  # fmt: skip
-    out, err = out or sys.stdout, err or sys.stderr
-    kernel_dir, candidate = Path(kernel_dir), Path(candidate)
+@dataclass
+class Judgement:
+    """What judging one candidate found: the verdict (as `kopt evaluate --json` prints it), the
+    test and profile results where those steps ran, and whether the baseline itself was broken."""
+
+    verdict: dict
+    tested: TestResult | None = None
+    profiled: ProfileResult | None = None
+    baseline_broken: bool = False
+
+
+def check_inputs(kernel_dir: Path, candidate: Path, target: str | None, flags: list[str] | None,
+                 baseline: Path | None = None) -> tuple[KernelSpec, str, Toolchain]:  # fmt: skip
+    """The package, target and toolchain of a judging command; UsageError names what is wrong."""
     if target is None:
         target = "cuda" if candidate.suffix == ".cu" else "cpu"
     if target not in ("cpu", "cuda"):
-        return _usage(err, f"unknown target {target!r}; use cpu or cuda")
+        raise UsageError(f"unknown target {target!r}; use cpu or cuda")
     try:
         spec = load_spec(kernel_dir)
     except PackageError as exc:
-        return _usage(err, str(exc))
+        raise UsageError(str(exc)) from None
     if target not in spec.targets:
-        return _usage(err, f"{kernel_dir}: package has no target {target!r} (targets: {', '.join(spec.targets)})")
-    if not candidate.is_file():
-        return _usage(err, f"{candidate}: candidate source not found")
+        raise UsageError(f"{kernel_dir}: package has no target {target!r} (targets: {', '.join(spec.targets)})")
+    for path, what in ((candidate, "candidate"), (baseline, "baseline")):
+        if path is not None and not path.is_file():
+            raise UsageError(f"{path}: {what} source not found")
+    problems = check_flags(flags or [], target)
+    if problems:
+        raise UsageError(f"--flags: {problems[0]}")
     tc = detect_toolchain(target)
     if tc is None:
-        return _usage(err, f"no compiler for target {target} on this machine ({'nvcc' if target == 'cuda' else 'g++'})")
+        raise UsageError(f"no compiler for target {target} on this machine ({'nvcc' if target == 'cuda' else 'g++'})")
+    return spec, target, tc
 
-    start = time.monotonic()
+
+async def judge(kernel_dir: Path, spec: KernelSpec, target: str, tc: Toolchain, candidate: Path,
+                flags: list[str] | None = None, baseline: Path | None = None, *, time_cap_s: float | None = None,
+                timeout_s: float = 900.0, seed: int = 0, progress=lambda text: None) -> Judgement:  # fmt: skip
+    """Build the baseline (the package's source, or `baseline`, with the package's flags) and the
+    candidate (the package's flags, or `flags`), statically check, test against the reference (the
+    baseline loaded for calibrated tolerances) and profile A/B against the baseline. No Temporal."""
     source = candidate.read_text()
-    flags = spec.build[target].flags if target in spec.build else []
+    package_flags = spec.build[target].flags if target in spec.build else []
+    cand_flags = package_flags if flags is None else flags
+    base_source = (baseline or source_path(kernel_dir, spec, target)).read_text()
     verdict: dict = {"kernel": spec.name, "target": target, "candidate": str(candidate), "correct": False,
                      "reason": None, "static_violations": [], "per_shape": [], "speedup_geomean": None,
                      "speedup_ci": None, "verdict": None, "device": None, "copy_bandwidth_gbs": None,
-                     "notes": [], "seconds": {}}  # fmt: skip
+                     "notes": [], "seconds": {}, "compiler_flags": cand_flags,
+                     "baseline": str(baseline) if baseline else "package source"}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="kopt-evaluate-") as tmp:
-        _progress(err, as_json, f"building baseline and candidate with {tc.name}")
+        progress(f"building baseline and candidate with {tc.name}")
         base_build, cand_build = await asyncio.gather(
-            build(tc, source_path(kernel_dir, spec, target).read_text(), Path(tmp) / "baseline", flags),
-            build(tc, source, Path(tmp) / "candidate", flags),
+            build(tc, base_source, Path(tmp) / "baseline", package_flags),
+            build(tc, source, Path(tmp) / "candidate", cand_flags),
         )
         verdict["seconds"]["build"] = round(max(base_build.seconds, cand_build.seconds), 3)
         if not base_build.ok:
-            verdict["reason"] = f"the package baseline does not compile: {_last_line(base_build.log)}"
-            return _finish(verdict, as_json, out, start)
+            verdict["reason"] = f"the baseline does not compile: {_last_line(base_build.log)}"
+            return Judgement(verdict, baseline_broken=True)
         if not cand_build.ok:
             verdict["reason"] = f"compile error: {_last_line(cand_build.log)}"
-            return _finish(verdict, as_json, out, start)
+            return Judgement(verdict)
         base_lib, cand_lib = Path(tmp) / "baseline" / "kernel.so", Path(tmp) / "candidate" / "kernel.so"
         shapes = spec.shapes[target]
 
@@ -79,17 +104,39 @@ async def evaluate(
                 seed=seed, timeout_s=timeout_s, source=source, baseline_id="baseline", time_cap_s=time_cap_s,
             )  # fmt: skip
 
-        _progress(err, as_json, "testing against the reference (baseline loaded for calibration)")
+        progress("testing against the reference (baseline loaded for calibration)")
         tested = await runner.run_test(request("test"), cand_lib, kernel_dir, spec, baseline=base_lib)
         verdict["seconds"]["test"] = round(tested.seconds, 3)
         _take_test(verdict, tested)
         if not tested.correct:
-            return _finish(verdict, as_json, out, start)
-        _progress(err, as_json, "profiling, interleaved with the baseline (A/B)")
+            return Judgement(verdict, tested, baseline_broken=_baseline_failed(tested.reason))
+        progress("profiling, interleaved with the baseline (A/B)")
         profiled = await runner.run_profile(request("bench"), cand_lib, kernel_dir, spec, baseline=base_lib)
         verdict["seconds"]["profile"] = round(profiled.seconds, 3)
         _take_profile(verdict, profiled)
-    return _finish(verdict, as_json, out, start)
+    return Judgement(verdict, tested, profiled, baseline_broken=_baseline_failed(profiled.reason))
+
+
+async def evaluate(
+    kernel_dir: Path, candidate: Path, target: str | None, as_json: bool, settings: object = None, *,
+    flags: list[str] | None = None, time_cap_s: float | None = None, timeout_s: float = 900.0, seed: int = 0,
+    out: TextIO | None = None, err: TextIO | None = None,
+) -> int:  # fmt: skip
+    out, err = out or sys.stdout, err or sys.stderr
+    kernel_dir, candidate = Path(kernel_dir), Path(candidate)
+    try:
+        spec, target, tc = check_inputs(kernel_dir, candidate, target, flags)
+    except UsageError as exc:
+        return _usage(err, str(exc))
+    start = time.monotonic()
+    judged = await judge(kernel_dir, spec, target, tc, candidate, flags, time_cap_s=time_cap_s, timeout_s=timeout_s,
+                         seed=seed, progress=lambda text: _progress(err, as_json, text))  # fmt: skip
+    return _finish(judged.verdict, as_json, out, start)
+
+
+def _baseline_failed(reason: str | None) -> bool:
+    """The harness names a failure of the baseline library itself ("baseline: ...")."""
+    return bool(reason) and reason.startswith("baseline")
 
 
 def _take_test(verdict: dict, tested: TestResult) -> None:

@@ -1,0 +1,117 @@
+"""`kopt verify` (kopt/app/verify.py), the CI gate, on the CPU target: one exit code per outcome and a
+JUnit report a CI system can read (parsed back here)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from kopt.app.verify import EXIT_BAD_INPUT, EXIT_INFRA, EXIT_PASS, EXIT_SLOWER, EXIT_WRONG, verify
+from kopt.build import detect_toolchain
+from tests.conftest import REPO, kopt_env
+
+SCALE2 = REPO / "tests" / "fixtures" / "scale2"
+
+pytestmark = pytest.mark.skipif(detect_toolchain("cpu") is None, reason="no C++ compiler (g++)")
+
+
+def gate(tmp: Path, candidate: Path, **kw):
+    out, err = io.StringIO(), io.StringIO()
+    junit, js = tmp / "junit.xml", tmp / "verdict.json"
+    code = asyncio.run(verify(SCALE2, candidate, "cpu", junit_path=junit, json_path=js, time_cap_s=0.2, out=out,
+                              err=err, **kw))  # fmt: skip
+    return code, out.getvalue(), junit, js
+
+
+def cases(junit: Path) -> tuple[ET.Element, dict[str, ET.Element]]:
+    """The one suite and its testcases by "group/name", after checking the report hangs together."""
+    root = ET.parse(junit).getroot()
+    assert root.tag == "testsuites"
+    (suite,) = root.findall("testsuite")
+    found = suite.findall("testcase")
+    by_name = {f"{c.get('classname').rsplit('.', 1)[1]}/{c.get('name')}": c for c in found}
+    assert len(by_name) == len(found) == int(suite.get("tests")) == int(root.get("tests"))
+    for kind in ("failure", "error", "skipped"):
+        counted = {"failure": "failures", "error": "errors", "skipped": "skipped"}[kind]
+        assert int(suite.get(counted)) == sum(c.find(kind) is not None for c in found)
+    return suite, by_name
+
+
+def wrong_copy(tmp: Path) -> Path:
+    src = (SCALE2 / "kernel.cpp").read_text()
+    assert src.count("2.0f") >= 1
+    path = tmp / "wrong.cpp"
+    path.write_text(src.replace("2.0f", "2.5f"))
+    return path
+
+
+def test_a_correct_candidate_passes_with_a_testcase_per_check_and_per_timing(tmp_path):
+    code, out, junit, js = gate(tmp_path, SCALE2 / "kernel.cpp")
+    assert code == EXIT_PASS, out
+    suite, by = cases(junit)
+    assert suite.get("failures") == suite.get("errors") == "0"
+    timings = [k for k in by if k.startswith("timing/")]
+    assert timings == ["timing/N=65536 float32", "timing/N=65536 float16"]
+    assert "speedup" in by[timings[0]].find("system-out").text and "95% CI" in by[timings[0]].find("system-out").text
+    assert sum(k.startswith("correctness/") for k in by) >= 4 and "build/candidate" in by
+    verdict = json.loads(js.read_text())
+    assert verdict["exit_code"] == EXIT_PASS and verdict["regressions"] == [] and verdict["correct"]
+
+
+def test_a_wrong_candidate_exits_1_and_names_the_failed_check(tmp_path):
+    code, out, junit, js = gate(tmp_path, wrong_copy(tmp_path))
+    assert code == EXIT_WRONG and "rejected:" in out
+    suite, by = cases(junit)
+    failed = [k for k, c in by.items() if c.find("failure") is not None]
+    assert failed and all(k.startswith("correctness/") for k in failed), failed
+    assert "mismatch" in by[failed[0]].find("failure").get("message")
+    assert not [k for k in by if k.startswith("timing/")]  # a wrong kernel is not timed
+    assert json.loads(js.read_text())["exit_code"] == EXIT_WRONG
+
+
+def test_a_slower_candidate_exits_3_with_the_slow_shapes_failed(tmp_path):
+    # The same source, built without optimization: correct, several times slower.
+    code, out, junit, js = gate(tmp_path, SCALE2 / "kernel.cpp", flags=["-O0"])
+    assert code == EXIT_SLOWER, out
+    suite, by = cases(junit)
+    failed = sorted(k for k, c in by.items() if c.find("failure") is not None)
+    regress = json.loads(js.read_text())["regressions"]
+    assert failed and failed == sorted(f"timing/{r['shape']} {r['dtype']}" for r in regress)
+    assert by["build/candidate"].find("system-out").text == "builds with -O0"
+    for r in regress:
+        assert r["speedup_ci"][1] < 1 / 1.02
+    # The same slowdown is allowed when the gate is told to tolerate it.
+    code, _, _, _ = gate(tmp_path, SCALE2 / "kernel.cpp", flags=["-O0"], max_slowdown=50.0)
+    assert code == EXIT_PASS
+
+
+def test_a_broken_baseline_is_infrastructure_not_the_candidates_fault(tmp_path):
+    broken = tmp_path / "main.cpp"
+    broken.write_text((SCALE2 / "kernel.cpp").read_text().replace("#include", "#inclde", 1))
+    code, out, junit, js = gate(tmp_path, SCALE2 / "kernel.cpp", baseline=broken)
+    assert code == EXIT_INFRA and "the baseline itself fails" in out
+    suite, by = cases(junit)
+    assert by["build/baseline"].find("error") is not None and by["build/candidate"].find("skipped") is not None
+
+
+def test_bad_input_exits_2_in_one_line_through_the_cli(tmp_path):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "kopt", "verify", str(SCALE2), *args], cwd=REPO,
+                              env=kopt_env(tmp_path / "home"), capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    for args, needle in ((["--candidate", str(tmp_path / "none.cpp")], "candidate source not found"),
+                         (["--candidate", str(SCALE2 / "kernel.cpp"), "--flags=-fplugin=evil.so"], "--flags:"),
+                         (["--candidate", str(SCALE2 / "kernel.cpp"), "--max-slowdown", "-1"], "--max-slowdown"),
+                         (["--candidate", str(SCALE2 / "kernel.cpp"), "--junit", str(tmp_path / "no" / "j.xml")],
+                          "directory does not exist")):  # fmt: skip
+        proc = cli(*args)
+        assert proc.returncode == EXIT_BAD_INPUT, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, proc.stderr
+    assert not (tmp_path / "home" / "temporal.db").exists()  # no server for a gate
