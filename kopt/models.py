@@ -116,6 +116,11 @@ class Candidate(BaseModel):
     origin: str = "baseline"  # "baseline" or the plan that produced it
 
 
+# A shape is a regression when the whole 95 % interval of its A/B speedup lies below 1/(1 + this):
+# the optimizer does not accept such a best (unless --allow-regressions) and `kopt verify` fails it.
+SHAPE_SLOWDOWN_LIMIT = 0.02
+
+
 class ShapeSpeedup(BaseModel):
     shape: str
     dtype: DType
@@ -123,6 +128,11 @@ class ShapeSpeedup(BaseModel):
     candidate_us: float
     speedup: float
     pct_sol: float | None = None
+    ci_low: float | None = None  # 95 % interval of the speedup (interleaved A/B)
+    ci_high: float | None = None
+
+    def regression(self, limit: float = SHAPE_SLOWDOWN_LIMIT) -> bool:
+        return self.ci_high is not None and self.ci_high < 1.0 / (1.0 + limit)
 
 
 class RoundRecord(BaseModel):
@@ -145,6 +155,7 @@ class RoundRecord(BaseModel):
     per_shape: list[ShapeSpeedup] = Field(default_factory=list)
     speedup_ci: list[float] | None = None  # 95% interval of the geomean speedup (interleaved A/B)
     accepted: bool = False  # became the new best
+    regressions: list[str] = Field(default_factory=list)  # "shape dtype" statistically slower than the baseline
 
 
 class HistoryDigest(BaseModel):

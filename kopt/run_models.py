@@ -140,6 +140,7 @@ class OptimizeRequest(BaseModel):
     # so timing noise is not mistaken for progress.
     min_gain: float = 0.02
     approve: bool = False  # wait for an Approval update before accepting a new best
+    allow_regressions: bool = False  # a new best may be slower than the baseline at some shapes
     continue_every: int = 50  # rounds per history segment (continue-as-new), also on server suggestion
     timeouts: ActivityTimeouts = Field(default_factory=ActivityTimeouts)
     llm: LLMConfig | None = None  # provider "openai": endpoint, models, prices (never the key)

@@ -73,6 +73,9 @@ LLM_FAULTS_PATCH = "llm-faults"
 # Runs started with ACTIVITY_IDS_PATCH give every activity an id naming its round and slot
 # (kopt/activity_table.py), which history groups by; older histories keep Temporal's numbering.
 ACTIVITY_IDS_PATCH = "activity-ids"
+# Runs started with SHAPE_GUARD_PATCH accept no new best that is statistically slower than the
+# baseline at any (shape, dtype) beyond SHAPE_SLOWDOWN_LIMIT, unless the request allows regressions.
+SHAPE_GUARD_PATCH = "shape-regressions"
 BAD_REPLIES_BEFORE_FALLBACK = 3  # consecutive unusable replies of one role, then its offline stand-in
 OFFLINE_FALLBACK = ("plan", "code")  # roles with an offline stand-in (the others are skipped instead)
 MAX_EVENTS = 200
@@ -95,7 +98,8 @@ def speedups(baseline: ProfileResult, candidate: ProfileResult) -> list[ShapeSpe
     sol = {(t.shape, t.dtype): t.pct_sol for t in candidate.timings}
     if candidate.ab is not None and candidate.ab.per_shape:
         return [ShapeSpeedup(shape=a.shape, dtype=a.dtype, baseline_us=a.baseline_us, candidate_us=a.candidate_us,
-                             speedup=a.speedup, pct_sol=sol.get((a.shape, a.dtype))) for a in candidate.ab.per_shape]
+                             speedup=a.speedup, pct_sol=sol.get((a.shape, a.dtype)), ci_low=a.ci_low,
+                             ci_high=a.ci_high) for a in candidate.ab.per_shape]  # fmt: skip
     base = {(t.shape, t.dtype): t for t in baseline.timings}
     out = []
     for t in candidate.timings:
@@ -136,6 +140,7 @@ class OptimizeKernel:
         self._baseline_library: ArtifactRef | None = None  # calibrates and A/B-times every candidate
         self._patient = False  # LLM_FAULTS_PATCH: bad replies fail candidates, outages wait
         self._ids = False  # ACTIVITY_IDS_PATCH: activity ids name their round and slot
+        self._guard = False  # SHAPE_GUARD_PATCH: a best slower than the baseline at any shape is refused
         self._calls = 0  # activities scheduled in this segment (makes every id unique)
         self._bad_replies: dict[str, int] = {}  # activity -> consecutive unusable replies
         self._fallback: set[str] = set()  # activities now served by the offline provider
@@ -186,6 +191,7 @@ class OptimizeKernel:
         self._req = req.model_copy(update={"state": None})
         self._patient = workflow.patched(LLM_FAULTS_PATCH)
         self._ids = workflow.patched(ACTIVITY_IDS_PATCH)
+        self._guard = workflow.patched(SHAPE_GUARD_PATCH)
         self._progress.rounds = req.rounds
         state = req.state
         if state is None:
@@ -342,6 +348,7 @@ class OptimizeKernel:
             for slot, (plan, coded) in zip(slots, proposals)])
 
         best_slot = None
+        regressed: dict[int, list[str]] = {}  # slot -> its slower shapes (SHAPE_GUARD_PATCH)
         for slot, (outcome, _) in enumerate(outcomes):
             if outcome.correct and outcome.profile and outcome.profile.ok:
                 outcome.per_shape = speedups(state.baseline.profile, outcome.profile)
@@ -350,6 +357,10 @@ class OptimizeKernel:
                                            else geomean([s.speedup for s in outcome.per_shape]))
                 if ab and ab.ci_low is not None:
                     outcome.speedup_ci = [ab.ci_low, ab.ci_high]
+                if self._guard:
+                    regressed[slot] = [f"{s.shape} {s.dtype}" for s in outcome.per_shape if s.regression()]
+                    if regressed[slot] and not req.allow_regressions:
+                        continue  # not eligible as the new best
                 if best_slot is None or outcome.speedup_geomean > outcomes[best_slot][0].speedup_geomean:
                     best_slot = slot
         accepted = None
@@ -372,13 +383,17 @@ class OptimizeKernel:
             verdict = (f"{outcome.speedup_geomean:.3f}x{ci}" if outcome.speedup_geomean is not None
                        else f"rejected ({_failure(outcome)})")
             tag = f"round {rnd}" + (f"/{slots[slot]}" if len(outcomes) + len(failed) > 1 else "")
+            slow = regressed.get(slot, [])
+            if slow:
+                verdict += (f"; slower than the baseline at {', '.join(slow)}"
+                            + ("" if req.allow_regressions else " (not eligible as the best)"))
             self._event(f"{tag}: {outcome.description}: {verdict}{' -> new best' if slot == accepted else ''}")
             records.append(RoundRecord(
                 round=rnd, candidate_id=cand.id, description=outcome.description, tunables=cand.tunables,
                 flags=cand.flags, slot=slots[slot], compiled=bool(outcome.compile and outcome.compile.ok),
                 correct=outcome.correct, speedup_geomean=outcome.speedup_geomean, failure=_failure(outcome),
                 compile_seconds=outcome.compile.seconds if outcome.compile else None, per_shape=outcome.per_shape,
-                speedup_ci=outcome.speedup_ci, accepted=slot == accepted))
+                speedup_ci=outcome.speedup_ci, accepted=slot == accepted, regressions=slow))
         for record in failed:
             self._event(f"round {rnd}/{record.slot}: {record.failure}")
         return sorted([*records, *failed], key=lambda r: r.slot)

@@ -132,6 +132,9 @@ def _parser() -> argparse.ArgumentParser:
     opt.add_argument("--max-gpu-seconds", type=float, default=None, help="stop at this much device time")
     opt.add_argument("--max-wall-time", type=float, default=None, help="stop after this many seconds")
     opt.add_argument("--approve", action="store_true", help="wait for `kopt approve` before accepting a new best")
+    opt.add_argument("--allow-regressions", action="store_true",
+                     help="accept a new best even where it is statistically slower than the baseline at some "
+                          "(shape, dtype) beyond 2%% (refused by default; the report lists every such shape)")
     opt.add_argument("--continue-every", type=int, default=50, help="rounds per history segment")
     opt.add_argument("--rerun", action="store_true",
                      help="start a fresh run even if one with these arguments already ended (new run id)")

@@ -44,6 +44,12 @@ def build_report(run_id: str, temporal_run_id: str, req: OptimizeRequest, res: O
         "model": req.llm.model if req.llm else None,
         "rounds": [r.model_dump() for r in res.rounds],
         "best": res.best.model_dump(exclude={"source"}) if res.best else None,
+        "allow_regressions": req.allow_regressions,
+        # Every (shape, dtype) where the best is statistically slower than the baseline, and every round
+        # candidate that was, with the shapes (docs: README, the per-shape guard).
+        "best_regressions": [f"{s.shape} {s.dtype}" for s in res.best.per_shape if s.regression()] if res.best
+        else [],
+        "round_regressions": {r.candidate_id: r.regressions for r in res.rounds if r.regressions},
     }
 
 
@@ -72,6 +78,13 @@ def render_markdown(report: dict, source_name: str) -> str:
             sol = f"{s['pct_sol']:.1f}" if s.get("pct_sol") is not None else "-"
             lines.append(f"| {s['shape']} | {s['dtype']} | {s['baseline_us']:.2f} | {s['candidate_us']:.2f} | "
                          f"{s['speedup']:.3f} | {sol} |")
+    if report.get("best_regressions"):
+        lines += ["", f"**The best is slower than the baseline at {', '.join(report['best_regressions'])}** "
+                      "(accepted because the run allowed regressions)."]  # fmt: skip
+    if report.get("round_regressions"):
+        lines += ["", "Candidates slower than the baseline at some shapes"
+                  + (" (allowed):" if report.get("allow_regressions") else " (not eligible as the best):"), ""]
+        lines += [f"- `{cid}`: {', '.join(shapes)}" for cid, shapes in report["round_regressions"].items()]
     lines += ["", "## Rounds", "", "| round | change | compiled | correct | geomean speedup |",
               "| --- | --- | --- | --- | --- |"]
     for r in report["rounds"]:

@@ -106,6 +106,7 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
     budgets = Budgets(max_cost_usd=args.max_cost, max_tokens=args.max_tokens, max_gpu_seconds=args.max_gpu_seconds,
                       max_wall_time_s=args.max_wall_time)
     return req.model_copy(update={"approve": args.approve, "continue_every": args.continue_every, "llm": llm,
+                                  "allow_regressions": getattr(args, "allow_regressions", False),
                                   "candidates_per_round": args.candidates, "single_agent": args.single_agent,
                                   "patience": args.patience, "budgets": budgets,
                                   "min_gain": req.min_gain if min_gain is None else min_gain})

@@ -27,9 +27,10 @@ from typing import TextIO
 
 from kopt.app.evaluate import Judgement, check_inputs, judge, render
 from kopt.errors import UsageError
+from kopt.models import SHAPE_SLOWDOWN_LIMIT
 
 EXIT_PASS, EXIT_WRONG, EXIT_BAD_INPUT, EXIT_SLOWER, EXIT_INFRA = 0, 1, 2, 3, 4
-DEFAULT_MAX_SLOWDOWN = 0.02
+DEFAULT_MAX_SLOWDOWN = SHAPE_SLOWDOWN_LIMIT  # the optimizer's per-shape guard uses the same limit
 
 
 def regressions(verdict: dict, max_slowdown: float) -> list[dict]:

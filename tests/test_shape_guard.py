@@ -1,0 +1,55 @@
+"""The per-shape regression guard: a candidate that wins on the geomean but is statistically slower
+than the baseline at one (shape, dtype) does not become the best, unless the run allows it; the
+report lists the shapes either way (tests/fixtures/tradeoff: MODE 1 is ~4x faster at the small bench
+shape and ~2x slower at the large one)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from kopt import queues
+from kopt.app.report import build_report, render_markdown
+from kopt.app.runs import prepare_request
+from kopt.run_models import OptimizeResult
+from kopt.settings import Settings
+from tests.conftest import REPO, cpu_cluster
+
+TRADEOFF = REPO / "tests" / "fixtures" / "tradeoff"
+
+
+async def _run(server, settings: Settings, allow: bool):
+    req = prepare_request(TRADEOFF, "cpu", None, 2, "offline", 0, settings)
+    req = req.model_copy(update={"allow_regressions": allow})
+    async with cpu_cluster(server.address, settings) as client:
+        result = await client.execute_workflow(queues.WORKFLOW_NAME, req, id=f"guard-{uuid.uuid4()}",
+                                               task_queue=queues.WORKFLOW_QUEUE, result_type=OptimizeResult)  # fmt: skip
+    return req, result
+
+
+def _mode1(result: OptimizeResult):
+    """The round that first switched MODE to 1 (later rounds may build on it)."""
+    return min((r for r in result.rounds if r.tunables.get("MODE") == 1), key=lambda r: r.round)
+
+
+@pytest.mark.slow
+def test_a_geomean_win_slower_at_one_shape_is_not_the_best_unless_allowed(temporal_server, kopt_home):
+    settings = Settings()
+    req, guarded = asyncio.run(_run(temporal_server, settings, allow=False))
+    rec = _mode1(guarded)
+    assert rec.correct and rec.speedup_geomean > 1 + req.min_gain  # it would win on the geomean alone
+    assert rec.regressions == ["N=8192 float32"] and not rec.accepted
+    assert guarded.best.candidate_id != rec.candidate_id
+    assert not any(s.regression() for s in guarded.best.per_shape)
+    report = build_report("r", "t", req, guarded, None)
+    assert report["round_regressions"][rec.candidate_id] == ["N=8192 float32"] and report["best_regressions"] == []
+    assert "not eligible as the best" in render_markdown(report, "kernel.cpp")
+
+    req, allowed = asyncio.run(_run(temporal_server, settings, allow=True))
+    rec = _mode1(allowed)
+    assert rec.accepted and allowed.best.candidate_id == rec.candidate_id
+    report = build_report("r", "t", req, allowed, None)
+    assert report["best_regressions"] == ["N=8192 float32"]
+    assert "The best is slower than the baseline at N=8192 float32" in render_markdown(report, "kernel.cpp")
