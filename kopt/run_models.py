@@ -182,3 +182,38 @@ class OptimizeResult(BaseModel):
 
 
 ResumePoint.model_rebuild()
+
+
+class ReverifyRequest(BaseModel):
+    """Input of ReverifyBest (a scheduled nightly check): a run's best, judged again against the
+    baseline on the exec queue of each GPU class (CPU: the CPU queue)."""
+
+    run: str  # the run whose best this is
+    package: PackageRef
+    target: Target
+    toolchain: str
+    baseline: Candidate
+    best: Candidate
+    gpu_classes: list[str] = Field(default_factory=list)  # cuda: one verdict per class
+    seed: int = 0
+    timeouts: ActivityTimeouts = Field(default_factory=ActivityTimeouts)
+
+
+class ClassVerdict(BaseModel):
+    gpu_class: str | None  # None: the CPU target
+    correct: bool
+    reason: str | None = None
+    speedup_geomean: float | None = None
+    speedup_ci: list[float] | None = None
+    regressions: list[str] = Field(default_factory=list)  # "shape dtype" slower than the baseline
+
+    @property
+    def ok(self) -> bool:
+        return self.correct and not self.regressions
+
+
+class ReverifyResult(BaseModel):
+    run: str
+    candidate_id: str
+    verdicts: list[ClassVerdict]
+    ok: bool  # correct everywhere and no shape slower than the baseline anywhere

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import signal
 import sys
 from contextlib import AsyncExitStack
@@ -24,6 +25,7 @@ log = structlog.get_logger("kopt")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 TARGETS = ("cpu", "cuda")
+OVERLAPS = ("skip", "buffer_one", "buffer_all", "cancel_other", "terminate_other", "allow_all")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,6 +197,30 @@ def _parser() -> argparse.ArgumentParser:
     apr.add_argument("--reject", action="store_true")
     apr.set_defaults(func=_cmd_inspect, action="approve")
 
+    sch = sub.add_parser("schedule", help="nightly campaigns on Temporal Schedules: re-verify a run's best on "
+                                          "every GPU class, or re-run the optimizer with a budget")
+    sch_sub = sch.add_subparsers(dest="schedule_action", required=True)
+    mk = sch_sub.add_parser("create", help="a schedule for a completed run")
+    mk.add_argument("name")
+    mk.add_argument("--run", required=True, help="the completed run whose best (or package) to schedule")
+    when = mk.add_mutually_exclusive_group(required=True)
+    when.add_argument("--every", type=_duration, help="interval: 90s, 30m, 24h, 7d")
+    when.add_argument("--cron", help="a cron expression, e.g. '0 2 * * *' (02:00 UTC)")
+    mk.add_argument("--gpu-class", action="append", default=[], dest="gpu_classes",
+                    help="re-verify on this class too (repeatable; default: the run's class)")
+    mk.add_argument("--optimize-rounds", type=int, default=None,
+                    help="instead of re-verifying, run the optimizer again for this many rounds")
+    mk.add_argument("--overlap", default="skip", choices=OVERLAPS,
+                    help="when the previous action still runs (default skip)")
+    mk.add_argument("--catchup-window", type=_duration, default="1h",
+                    help="how late a missed action may still run after the server was down (default 1h)")
+    mk.add_argument("--paused", action="store_true", help="create it paused")
+    sch_sub.add_parser("list", help="kopt's schedules: paused, next run, runs so far")
+    for name, text in (("pause", "stop firing"), ("unpause", "fire again"), ("trigger", "run its action now"),
+                       ("delete", "remove it (running actions go on)")):
+        sch_sub.add_parser(name, help=text).add_argument("name")
+    sch.set_defaults(func=_cmd_schedule)
+
     wk = sub.add_parser("worker", help="run a worker of one role against a Temporal server")
     wk.add_argument("--role", required=True, choices=["workflows", "agents", "build", "exec"])
     wk.add_argument("--toolchain", action="append", help="build role: toolchain name(s); default all local ones")
@@ -240,6 +266,32 @@ async def _cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
 
     return await verify(args.kernel_dir, args.candidate, args.target, args.flags, args.baseline, args.junit, args.json,
                         args.max_slowdown)
+
+
+async def _cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
+    from kopt.app import inspect, schedules
+
+    if args.schedule_action == "create" and args.optimize_rounds is not None and args.optimize_rounds < 1:
+        raise UsageError(f"--optimize-rounds must be >= 1, got {args.optimize_rounds}")
+    async with inspect.reader(settings) as client:
+        if args.schedule_action == "create":
+            await schedules.create(client, args.name, args.run, every=args.every, cron=args.cron,
+                                   gpu_classes=args.gpu_classes, optimize_rounds=args.optimize_rounds,
+                                   overlap=args.overlap, catchup=args.catchup_window, paused=args.paused)
+        elif args.schedule_action == "list":
+            await schedules.list_schedules(client)
+        else:
+            await schedules.control(client, args.name, args.schedule_action)
+    return EXIT_OK
+
+
+def _duration(text: str):
+    from datetime import timedelta
+
+    m = re.fullmatch(r"(\d+)([smhd])", text.strip())
+    if not m or int(m.group(1)) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a positive number and a unit: 90s, 30m, 24h, 7d")
+    return timedelta(seconds=int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)])
 
 
 def _flag_list(text: str) -> list[str]:

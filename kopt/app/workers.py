@@ -21,6 +21,7 @@ from kopt.activity_table import Kind, names
 from kopt.artifacts import ArtifactStore
 from kopt.settings import Settings
 from workflows.optimize import OptimizeKernel
+from workflows.reverify import ReverifyBest
 
 log = structlog.get_logger(__name__)
 
@@ -55,7 +56,7 @@ def make_workers(client: Client, settings: Settings, plan: WorkerPlan) -> list[W
     store = ArtifactStore(settings.artifacts)
     workers: list[Worker] = []
     if "workflows" in plan.roles:
-        workers.append(Worker(client, task_queue=queues.WORKFLOW_QUEUE, workflows=[OptimizeKernel]))
+        workers.append(Worker(client, task_queue=queues.WORKFLOW_QUEUE, workflows=[OptimizeKernel, ReverifyBest]))
     if "agents" in plan.roles:
         workers.append(Worker(client, task_queue=queues.AGENTS_QUEUE,
                               activities=implementations(agent_activities, "agents"),

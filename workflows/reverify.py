@@ -1,0 +1,79 @@
+"""ReverifyBest: a run's best judged again, against the baseline, on every GPU class asked for.
+
+Started by a schedule (`kopt schedule create`): a new driver, toolkit or firmware can make a best
+wrong or slower than the baseline it beat. Both sources are compiled once on their build queue,
+then tested and profiled A/B on the exec queue of each class in parallel, with the same activities
+and options as OptimizeKernel (kopt/activity_table.py). Deterministic and free of I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from kopt.activity_table import ACTIVITIES
+    from kopt.models import (
+        SHAPE_SLOWDOWN_LIMIT,
+        Candidate,
+        CompileRequest,
+        CompileResult,
+        ExecRequest,
+        ProfileResult,
+        TestResult,
+    )
+    from kopt.run_models import ClassVerdict, ReverifyRequest, ReverifyResult
+
+REVERIFY_WORKFLOW = "ReverifyBest"
+
+
+@workflow.defn(name=REVERIFY_WORKFLOW)
+class ReverifyBest:
+    @workflow.run
+    async def run(self, req: ReverifyRequest) -> ReverifyResult:
+        base, best = await asyncio.gather(self._compile(req, req.baseline), self._compile(req, req.best))
+        classes = req.gpu_classes if req.target == "cuda" else [None]
+        if not base.ok or base.library is None:
+            why = f"the baseline does not compile: {base.log_tail.strip()[-200:]}"
+            verdicts = [ClassVerdict(gpu_class=c, correct=False, reason=why) for c in classes]
+        elif not best.ok or best.library is None:
+            why = f"the best does not compile: {best.log_tail.strip()[-200:]}"
+            verdicts = [ClassVerdict(gpu_class=c, correct=False, reason=why) for c in classes]
+        else:
+            verdicts = list(await asyncio.gather(*[self._judge(req, c, base, best) for c in classes]))
+        return ReverifyResult(run=req.run, candidate_id=req.best.id, verdicts=verdicts,
+                              ok=all(v.ok for v in verdicts))  # fmt: skip
+
+    def _options(self, name: str, req: ReverifyRequest, gpu_class: str | None) -> dict:
+        d = ACTIVITIES[name]
+        start, heartbeat = d.timeouts(req.timeouts)
+        return dict(task_queue=d.queue(req.target, req.toolchain, gpu_class), start_to_close_timeout=start,
+                    heartbeat_timeout=heartbeat, retry_policy=d.retry(), result_type=d.result)  # fmt: skip
+
+    async def _compile(self, req: ReverifyRequest, cand: Candidate) -> CompileResult:
+        arg = CompileRequest(package=req.package, target=req.target, toolchain=req.toolchain, candidate=cand)
+        return await workflow.execute_activity("compile", arg, **self._options("compile", req, None))
+
+    async def _judge(self, req: ReverifyRequest, gpu_class: str | None, base: CompileResult,
+                     best: CompileResult) -> ClassVerdict:  # fmt: skip
+        shapes = req.package.spec.shapes[req.target]
+
+        def request(shape_list) -> ExecRequest:
+            return ExecRequest(package=req.package, target=req.target, candidate_id=req.best.id, library=best.library,
+                               shapes=shape_list, dtypes=req.package.spec.dtypes, seed=req.seed,
+                               source=req.best.source, baseline_library=base.library,
+                               baseline_id=req.baseline.id)  # fmt: skip
+
+        tested: TestResult = await workflow.execute_activity(
+            "test", request(shapes.test), **self._options("test", req, gpu_class))
+        if not tested.correct:
+            return ClassVerdict(gpu_class=gpu_class, correct=False, reason=tested.reason)
+        profiled: ProfileResult = await workflow.execute_activity(
+            "profile", request(shapes.bench), **self._options("profile", req, gpu_class))
+        if not profiled.ok or profiled.ab is None:
+            return ClassVerdict(gpu_class=gpu_class, correct=False, reason=f"profile failed: {profiled.reason}")
+        limit = 1.0 / (1.0 + SHAPE_SLOWDOWN_LIMIT)  # the optimizer's per-shape guard (kopt/models.py)
+        slow = [f"{a.shape} {a.dtype}" for a in profiled.ab.per_shape if a.ci_high < limit]
+        return ClassVerdict(gpu_class=gpu_class, correct=True, speedup_geomean=profiled.ab.speedup_geomean,
+                            speedup_ci=[profiled.ab.ci_low, profiled.ab.ci_high], regressions=slow)  # fmt: skip
