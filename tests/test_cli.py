@@ -36,6 +36,9 @@ def test_optimize_cpu_writes_report(tmp_path):
     assert best["per_shape"] and all(s["candidate_us"] > 0 for s in best["per_shape"])
     assert "geomean speedup" in (reports / "report.md").read_text()
     assert (reports / "best_kernel.cpp").read_text().count("#define ROW_CHUNK") == 1
+    patch = (reports / "best.patch").read_text()
+    assert patch.startswith(f"# kopt best {best['candidate_id']}: compiler flags ") and " -> " in patch.splitlines()[0]
+    assert " ".join(best["flags"]) in patch.splitlines()[0]
     assert (home / "temporal.db").is_file()  # the embedded server persisted the run in SQLite
     again = kopt(["resume", report["run_id"]], home, timeout=120)
     assert again.returncode == 2 and "completed all 2 rounds: nothing to resume" in again.stderr, again.stderr

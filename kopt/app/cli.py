@@ -190,6 +190,9 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("run")
     exp.add_argument("--format", default="json", choices=["json", "md", "html"])
     exp.add_argument("--output", type=Path, default=None)
+    exp.add_argument("--torch-op", type=Path, default=None, metavar="DIR",
+                     help="instead: write the run's best as a torch custom op kopt::<kernel> (extension built with "
+                          "ninja on import, fake implementation for torch.compile, and a test against the reference)")
     exp.set_defaults(func=_cmd_inspect, action="export")
     apr = sub.add_parser("approve", help="accept (or --reject) a candidate a run waits for")
     apr.add_argument("run")
@@ -321,6 +324,12 @@ async def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
             await inspect.watch(client, args.run, reports=settings.home / "reports")
         elif args.action == "history":
             print(inspect.history_text(await inspect.view(client, args.run), full=args.full))
+        elif args.action == "export" and args.torch_op:
+            from kopt.app.torch_op import export_torch_op
+            from kopt.artifacts import ArtifactStore
+
+            folder = export_torch_op(await inspect.view(client, args.run), args.torch_op, ArtifactStore(settings.artifacts))
+            print(f"torch op written to {folder}: `python {folder / 'test_op.py'}` builds, checks and times it")
         elif args.action == "export":
             text = inspect.export(await inspect.view(client, args.run), args.format)
             if args.output:

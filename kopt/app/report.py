@@ -102,7 +102,10 @@ def write_report(report_dir: Path, report: dict, baseline_source: str, best_sour
     (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (tmp / "report.md").write_text(render_markdown(report, source_name))
     (tmp / f"best_{source_name}").write_text(best_source)
-    (tmp / "best.patch").write_text(unified_diff(baseline_source, best_source, source_name))
+    flags = (f"# kopt best {report['best']['candidate_id']}: compiler flags "
+             f"{' '.join(report['baseline']['flags']) or '(none)'} -> {' '.join(report['best']['flags']) or '(none)'}\n"
+             if report.get("best") else "")  # patch(1) and git apply skip text before the first diff header
+    (tmp / "best.patch").write_text(flags + unified_diff(baseline_source, best_source, source_name))
     if report_dir.exists():
         stale = report_dir.parent / f".kopt-stale-{tmp.name}"
         os.replace(report_dir, stale)

@@ -1,0 +1,55 @@
+"""`kopt export RUN --torch-op DIR` on the CPU target: the exported folder builds with ninja through
+torch.utils.cpp_extension, registers kopt::<kernel>, and matches the reference at every declared test
+shape and dtype, eagerly and under torch.compile (its own test_op.py, run as a user would)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from kopt import queues
+from kopt.app.history import load_run
+from kopt.app.runs import prepare_request
+from kopt.app.torch_op import export_torch_op
+from kopt.artifacts import ArtifactStore
+from kopt.errors import UsageError
+from kopt.run_models import OptimizeResult
+from kopt.settings import Settings
+from tests.conftest import REPO, cpu_cluster
+
+SILU = REPO / "kernels" / "silu_and_mul"
+
+
+@pytest.mark.slow
+def test_the_best_exported_as_a_torch_op_builds_and_matches_the_reference(temporal_server, kopt_home, tmp_path):
+    settings = Settings()
+
+    async def run():
+        req = prepare_request(SILU, "cpu", None, 1, "offline", 0, settings)
+        async with cpu_cluster(temporal_server.address, settings) as client:
+            wf = f"torchop-{uuid.uuid4()}"
+            await client.execute_workflow(queues.WORKFLOW_NAME, req, id=wf, task_queue=queues.WORKFLOW_QUEUE,
+                                          result_type=OptimizeResult)  # fmt: skip
+            return await load_run(client, wf)
+
+    view = asyncio.run(run())
+    folder = export_torch_op(view, tmp_path / "op", ArtifactStore(settings.artifacts))
+    assert (folder / "kernel.cpp").read_text() == view.result.best.source
+    assert 'mutates_args=(\'out\',)' in (folder / "op.py").read_text()
+    with pytest.raises(UsageError, match="not empty"):
+        export_torch_op(view, folder, ArtifactStore(settings.artifacts))
+    proc = subprocess.run([sys.executable, "test_op.py"], cwd=folder, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "MISMATCH" not in proc.stdout and "output checks match the reference" in proc.stdout, proc.stdout
+    checks = int(proc.stdout.split("kopt::silu_and_mul: ")[1].split("/")[0])
+    assert checks == 2 * 2 * len(view.request.package.spec.shapes["cpu"].test)  # shapes x dtypes x (eager, compile)
+    # A wrong kernel in the folder is caught by the same test.
+    wrong = view.result.best.source.replace("= silu_mul(", "= 1.5f * silu_mul(")
+    assert wrong != view.result.best.source
+    (folder / "kernel.cpp").write_text(wrong)
+    bad = subprocess.run([sys.executable, "test_op.py"], cwd=folder, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 1 and "MISMATCH" in bad.stdout, bad.stdout + bad.stderr[-2000:]
