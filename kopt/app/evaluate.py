@@ -215,7 +215,7 @@ def render(v: dict) -> str:
 
 
 def _usage(err: TextIO, message: str) -> int:
-    err.write(f"kopt evaluate: error: {message}\n")
+    err.write(f"kopt: error: {message}\n")
     return EXIT_USAGE
 
 

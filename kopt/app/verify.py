@@ -132,7 +132,7 @@ async def verify(kernel_dir: Path, candidate: Path, target: str | None = None, f
             if path is not None and not path.parent.is_dir():
                 raise UsageError(f"{path}: its directory does not exist")
     except UsageError as exc:
-        err.write(f"kopt verify: error: {exc}\n")
+        err.write(f"kopt: error: {exc}\n")
         return EXIT_BAD_INPUT
     start = time.monotonic()
     judged: Judgement | None = None
