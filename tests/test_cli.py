@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +46,51 @@ def test_optimize_cpu_writes_report(tmp_path):
     assert again.returncode == 2 and "completed all 2 rounds: nothing to resume" in again.stderr, again.stderr
     unknown = kopt(["resume", "no-such-run"], home, timeout=120)
     assert unknown.returncode == 2 and "unknown run 'no-such-run'" in unknown.stderr, unknown.stderr
+
+    # Charts: PNG files beside report.md, linked from it, and embedded in the HTML export.
+    md = (reports / "report.md").read_text()
+    for name in ("speedup.png", "progress.png"):
+        assert (reports / name).read_bytes()[:8] == PNG and f"]({name})" in md, name
+    html = tmp_path / "run.html"
+    exported = kopt(["export", report["run_id"], "--format", "html", "--output", str(html)], home, timeout=120)
+    assert exported.returncode == 0, exported.stderr
+    images = embedded_pngs(html.read_text())
+    assert set(images) >= {"speedup.png", "progress.png"}
+    for name, png in images.items():
+        assert png[:8] == PNG and png_size(png)[0] > 300, name
+    rendered = browser_image_widths(html)
+    if rendered is not None:  # a headless Chromium here: every chart really renders
+        assert len(rendered) == len(images) and all(w > 300 for w in rendered), rendered
+
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def embedded_pngs(page: str) -> dict[str, bytes]:
+    import base64
+
+    return {alt: base64.b64decode(data) for alt, data in
+            re.findall(r"<img alt='([^']+)' src='data:image/png;base64,([A-Za-z0-9+/=]+)'>", page)}  # fmt: skip
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")  # the IHDR chunk
+
+
+def browser_image_widths(page: Path) -> list[int] | None:
+    """The natural width of every image of `page` as headless Chromium renders it (0: broken), or
+    None where no Chromium is installed."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        return None
+    probe = page.with_name("probe.html")
+    probe.write_text(page.read_text().replace("</body>", "<script>window.addEventListener('load', () => {"
+                     "for (const i of document.images) i.setAttribute('data-w', i.naturalWidth);"
+                     "document.body.setAttribute('data-done', '1');});</script></body>"))  # fmt: skip
+    proc = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
+                           "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert "data-done" in proc.stdout, proc.stderr[-2000:]
+    return [int(w) for w in re.findall(r"data-w=\"(\d+)\"", proc.stdout)]
 
 
 def _assert_usage_error(proc, *needles):

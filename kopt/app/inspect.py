@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import html
 import json
 import sys
@@ -257,10 +258,26 @@ def export(view: RunView, fmt: str) -> str:
     if fmt == "md":
         return f"# kopt run {view.workflow_id}\n\n```\n{text}\n```\n"
     if fmt == "html":
+        figures = "".join(f"<figure><img alt='{html.escape(name)}' src='data:image/png;base64,"
+                          f"{base64.b64encode(png).decode()}'><figcaption>{html.escape(name)}</figcaption></figure>"
+                          for name, png in view_charts(view).items())  # fmt: skip
         return (f"<!doctype html><html><head><meta charset='utf-8'><title>kopt run {html.escape(view.workflow_id)}"
-                f"</title></head><body><h1>kopt run {html.escape(view.workflow_id)}</h1><pre>{html.escape(text)}"
-                f"</pre></body></html>\n")
+                f"</title></head><body><h1>kopt run {html.escape(view.workflow_id)}</h1>{figures}"
+                f"<pre>{html.escape(text)}</pre></body></html>\n")
     raise UsageError(f"unknown export format {fmt!r}; use json, md or html")
+
+
+def view_charts(view: RunView) -> dict[str, bytes]:
+    """The report's charts (kopt/app/charts.py) from a run's history: per-shape speedup and %SOL of the
+    best, and the rounds; none for a run without a result."""
+    from kopt.app.charts import run_charts
+
+    res = view.result
+    if res is None or view.request is None:
+        return {}
+    base = res.baseline.profile
+    sol = {f"{t.shape} {t.dtype}": t.pct_sol for t in (base.timings if base else []) if t.pct_sol is not None}
+    return run_charts(res.kernel, res.target, sol, res.best.per_shape if res.best else [], res.rounds)
 
 
 async def replay(client: Client, run: str, out=sys.stdout) -> int:

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from kopt.candidates import unified_diff
+from kopt.models import RoundRecord, ShapeSpeedup
 from kopt.run_models import OptimizeRequest, OptimizeResult
 
 
@@ -53,7 +54,25 @@ def build_report(run_id: str, temporal_run_id: str, req: OptimizeRequest, res: O
     }
 
 
-def render_markdown(report: dict, source_name: str) -> str:
+def report_charts(report: dict) -> dict[str, bytes]:
+    """The charts of a report (kopt/app/charts.py), by file name."""
+    from kopt.app.charts import run_charts
+
+    best = report.get("best") or {}
+    sol = {f"{t['shape']} {t['dtype']}": t["pct_sol"] for t in report["baseline"]["per_shape"]
+           if t.get("pct_sol") is not None}  # fmt: skip
+    return run_charts(report["kernel"], report["target"], sol,
+                      [ShapeSpeedup.model_validate(s) for s in best.get("per_shape", [])],
+                      [RoundRecord.model_validate(r) for r in report["rounds"]])  # fmt: skip
+
+
+def _have_matplotlib() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def render_markdown(report: dict, source_name: str, charts: list[str] | tuple[str, ...] = ()) -> str:
     lines = [f"# kopt report: {report['kernel']} ({report['target']})", ""]
     lines += [f"- run: `{report['run_id']}` (Temporal run `{report['temporal_run_id']}`)"]
     if report.get("web_ui"):
@@ -85,6 +104,12 @@ def render_markdown(report: dict, source_name: str) -> str:
         lines += ["", "Candidates slower than the baseline at some shapes"
                   + (" (allowed):" if report.get("allow_regressions") else " (not eligible as the best):"), ""]
         lines += [f"- `{cid}`: {', '.join(shapes)}" for cid, shapes in report["round_regressions"].items()]
+    captions = {"speedup.png": "per-shape speedup of the best", "sol.png": "% of speed of light",
+                "progress.png": "progress by round"}  # fmt: skip
+    if charts:
+        lines += [""] + [f"![{captions.get(c, c)}]({c})" for c in charts]
+    elif report.get("best") and charts is not None and not _have_matplotlib():
+        lines += ["", "(no charts: matplotlib is not installed here)"]
     lines += ["", "## Rounds", "", "| round | change | compiled | correct | geomean speedup |",
               "| --- | --- | --- | --- | --- |"]
     for r in report["rounds"]:
@@ -100,7 +125,10 @@ def write_report(report_dir: Path, report: dict, baseline_source: str, best_sour
     report_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".kopt-report-", dir=report_dir.parent))
     (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (tmp / "report.md").write_text(render_markdown(report, source_name))
+    charts = report_charts(report)
+    for name, png in charts.items():
+        (tmp / name).write_bytes(png)
+    (tmp / "report.md").write_text(render_markdown(report, source_name, list(charts)))
     (tmp / f"best_{source_name}").write_text(best_source)
     flags = (f"# kopt best {report['best']['candidate_id']}: compiler flags "
              f"{' '.join(report['baseline']['flags']) or '(none)'} -> {' '.join(report['best']['flags']) or '(none)'}\n"
