@@ -44,6 +44,10 @@ FORBIDDEN: list[tuple[str, str]] = [
      r"setrlimit|prctl|socket|connect|chdir|unlink)\s*\(", "does file, memory-map or process I/O"),
     (r"(?<![\w.>:])(?:write|read|pwrite|pread|close)\s*\(\s*\d", "writes or reads a raw file descriptor"),
     (r"__attribute__\s*\(\(\s*(?:constructor|destructor)", "runs code at library load or unload"),
+    # Machine code smuggled in as data: a byte array placed in .text (red team, 2026-11-23) made raw
+    # system calls that no source pattern names. A kernel has no reason to choose its sections.
+    (r"\bsection\s*\(|__declspec\s*\(\s*allocate|\bgnu\s*::\s*section\b",
+     "places code or data in a section of its choice (machine code hidden in data)"),
     (r"%globaltimer|%clock\b|%clock64\b", "reads or patches device timers in inline assembly"),
     (r"\bclock_gettime\b|\bgettimeofday\b|\bstd\s*::\s*chrono\b|\bcudaEvent\w+",
      "reads clocks or events (timing is the harness's job)"),

@@ -212,7 +212,7 @@ async def build(tc: Toolchain, source_text: str, workdir: Path, flags: list[str]
     cmd = compile_command(tc, src, out, flags)
     refused = check_flags(flags, tc.target) + source_problems(source_text)
     if refused:
-        log = "refused before compiling:\n" + "\n".join(refused)
+        log = "refused before compiling: " + "\n".join(refused)  # the first reason on the line reports quote
         return BuildOutput(ok=False, seconds=0.0, log=redact(log), command=cmd, resource_usage="")
     src.write_text(source_text)
     spec = compiler_jail(tc, workdir)

@@ -115,6 +115,17 @@ def test_frames_authenticate_and_detect_tampering():
         assert reader.tampered and reader.result is None
 
 
+def test_machine_code_placed_in_text_as_data_is_refused():
+    # The red team's bypass: raw `syscall; ret` bytes in .text, called through a function pointer.
+    code = """
+    __attribute__((section(".text#"))) static const unsigned char blob[] = {0x48, 0x89, 0xf8, 0x0f, 0x05, 0xc3};
+    [[gnu::section(".text")]] static const unsigned char blob2[] = {0xc3};
+    KOPT_EXPORT int k(const kopt_tensor *a, int32_t n, void *s) { return ((long (*)(long))blob)(2) > 0; }
+    """
+    found = static_checks.check_source(code, "cpu")
+    assert sum("section of its choice" in v for v in found) == 2, found
+
+
 def test_static_checks_on_snippets():
     code = """
     #include <thread>
