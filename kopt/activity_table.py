@@ -70,6 +70,13 @@ class ActivityDef:
                    "exec": (t.exec_s, t.exec_heartbeat_s)}[self.kind]  # fmt: skip
         return timedelta(seconds=seconds[0]), timedelta(seconds=seconds[1])
 
+    def options(self, target: str, toolchain: str, gpu_class: str | None, timeouts: ActivityTimeouts,
+                patient: bool = False) -> dict:  # fmt: skip
+        """workflow.execute_activity's keyword arguments for this activity (no id)."""
+        start, heartbeat = self.timeouts(timeouts)
+        return dict(task_queue=self.queue(target, toolchain, gpu_class), start_to_close_timeout=start,
+                    heartbeat_timeout=heartbeat, retry_policy=self.retry(patient), result_type=self.result)
+
     def retry(self, patient: bool = False) -> RetryPolicy:
         if self.kind == "agents":
             return AGENT_RETRY_PATIENT if patient else AGENT_RETRY

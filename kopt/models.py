@@ -121,6 +121,12 @@ class Candidate(BaseModel):
 SHAPE_SLOWDOWN_LIMIT = 0.02
 
 
+def slower_beyond(ci_high: float | None, limit: float = SHAPE_SLOWDOWN_LIMIT) -> bool:
+    """The rule of the per-shape guard, the gate and the nightly re-check: the whole interval of a
+    shape's speedup lies below 1 / (1 + limit)."""
+    return ci_high is not None and ci_high < 1.0 / (1.0 + limit)
+
+
 class ShapeSpeedup(BaseModel):
     shape: str
     dtype: DType
@@ -132,7 +138,7 @@ class ShapeSpeedup(BaseModel):
     ci_high: float | None = None
 
     def regression(self, limit: float = SHAPE_SLOWDOWN_LIMIT) -> bool:
-        return self.ci_high is not None and self.ci_high < 1.0 / (1.0 + limit)
+        return slower_beyond(self.ci_high, limit)
 
 
 class RoundRecord(BaseModel):

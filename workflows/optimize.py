@@ -489,10 +489,7 @@ class OptimizeKernel:
 
     def _options(self, name: str, req: OptimizeRequest, at: tuple[int, int]) -> dict:
         """execute_activity's options for `name`, from the activity table (and the id, ACTIVITY_IDS_PATCH)."""
-        d = ACTIVITIES[name]
-        start, heartbeat = d.timeouts(req.timeouts)
-        opts = dict(task_queue=d.queue(req.target, req.toolchain, req.gpu_class), start_to_close_timeout=start,
-                    heartbeat_timeout=heartbeat, retry_policy=d.retry(self._patient), result_type=d.result)
+        opts = ACTIVITIES[name].options(req.target, req.toolchain, req.gpu_class, req.timeouts, self._patient)
         if self._ids:
             self._calls += 1
             opts["activity_id"] = activity_id(at[0], at[1], name, self._calls)

@@ -15,13 +15,13 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from kopt.activity_table import ACTIVITIES
     from kopt.models import (
-        SHAPE_SLOWDOWN_LIMIT,
         Candidate,
         CompileRequest,
         CompileResult,
         ExecRequest,
         ProfileResult,
         TestResult,
+        slower_beyond,
     )
     from kopt.run_models import ClassVerdict, ReverifyRequest, ReverifyResult
 
@@ -46,10 +46,7 @@ class ReverifyBest:
                               ok=all(v.ok for v in verdicts))  # fmt: skip
 
     def _options(self, name: str, req: ReverifyRequest, gpu_class: str | None) -> dict:
-        d = ACTIVITIES[name]
-        start, heartbeat = d.timeouts(req.timeouts)
-        return dict(task_queue=d.queue(req.target, req.toolchain, gpu_class), start_to_close_timeout=start,
-                    heartbeat_timeout=heartbeat, retry_policy=d.retry(), result_type=d.result)  # fmt: skip
+        return ACTIVITIES[name].options(req.target, req.toolchain, gpu_class, req.timeouts)
 
     async def _compile(self, req: ReverifyRequest, cand: Candidate) -> CompileResult:
         arg = CompileRequest(package=req.package, target=req.target, toolchain=req.toolchain, candidate=cand)
@@ -73,7 +70,6 @@ class ReverifyBest:
             "profile", request(shapes.bench), **self._options("profile", req, gpu_class))
         if not profiled.ok or profiled.ab is None:
             return ClassVerdict(gpu_class=gpu_class, correct=False, reason=f"profile failed: {profiled.reason}")
-        limit = 1.0 / (1.0 + SHAPE_SLOWDOWN_LIMIT)  # the optimizer's per-shape guard (kopt/models.py)
-        slow = [f"{a.shape} {a.dtype}" for a in profiled.ab.per_shape if a.ci_high < limit]
+        slow = [f"{a.shape} {a.dtype}" for a in profiled.ab.per_shape if slower_beyond(a.ci_high)]
         return ClassVerdict(gpu_class=gpu_class, correct=True, speedup_geomean=profiled.ab.speedup_geomean,
                             speedup_ci=[profiled.ab.ci_low, profiled.ab.ci_high], regressions=slow)  # fmt: skip

@@ -27,7 +27,7 @@ from typing import TextIO
 
 from kopt.app.evaluate import Judgement, check_inputs, judge, render
 from kopt.errors import UsageError
-from kopt.models import SHAPE_SLOWDOWN_LIMIT
+from kopt.models import SHAPE_SLOWDOWN_LIMIT, slower_beyond
 
 EXIT_PASS, EXIT_WRONG, EXIT_BAD_INPUT, EXIT_SLOWER, EXIT_INFRA = 0, 1, 2, 3, 4
 DEFAULT_MAX_SLOWDOWN = SHAPE_SLOWDOWN_LIMIT  # the optimizer's per-shape guard uses the same limit
@@ -35,8 +35,7 @@ DEFAULT_MAX_SLOWDOWN = SHAPE_SLOWDOWN_LIMIT  # the optimizer's per-shape guard u
 
 def regressions(verdict: dict, max_slowdown: float) -> list[dict]:
     """The (shape, dtype) rows whose A/B interval lies wholly below 1 / (1 + max_slowdown)."""
-    limit = 1.0 / (1.0 + max_slowdown)
-    return [s for s in verdict["per_shape"] if s.get("speedup_ci") and s["speedup_ci"][1] < limit]
+    return [s for s in verdict["per_shape"] if s.get("speedup_ci") and slower_beyond(s["speedup_ci"][1], max_slowdown)]
 
 
 def decide(judged: Judgement, max_slowdown: float) -> tuple[int, str]:
