@@ -102,5 +102,5 @@ class ExecActivities:
     @activity.defn(name="profile")
     async def profile(self, req: ExecRequest) -> ProfileResult:
         result = await self._run("profile", req, ProfileResult, runner.run_profile)
-        log.info("profiled", candidate=req.candidate_id, ok=result.ok)
+        log.info("profiled", candidate=req.candidate_id, ok=result.ok, reason=result.reason)
         return result

@@ -43,6 +43,12 @@ PINGS_KEPT = 64  # no-op round trips the overhead estimate is the median of
 # spends after each reply on its way back into recv() and a little for the accounting's edges.
 IDLE_PER_CALL_NS = 25_000
 IDLE_SLACK_NS = {"cpu": 200_000, "cuda": 1_000_000}  # the CUDA driver's own threads wake now and then
+# A CPU-time reading waits (this long at most) for every host to block on its socket: a host still on
+# its way back from a reply to its receive has not been charged for that slice yet (the kernel charges
+# a running thread when it stops), so the charge, tens of microseconds, would land in the next block,
+# perhaps another kernel's. A host still running after the wait is read as it is.
+SETTLE_S = 0.02
+SETTLE_POLL_S = 50e-6
 # Medians of per-call gaps (round trip less no-op round trip less the events' reading), in us. A cold
 # call's round trip holds the device's switch from the judge's context to the host's (the no-op's is
 # taken after the same flush, so it holds one too): H100, silu_and_mul against itself, block medians
@@ -202,7 +208,7 @@ class Hosts:
         self.clock_gaps: dict[str, list[float]] = {}  # "role kind" -> block medians of check_clock's gap (us)
         self.shape_gaps: dict[tuple[str, str], list[float]] = {}  # (role, mode) -> each call's gap, this shape
         self.shape_reported: dict[tuple[str, str], list[float]] = {}  # (role, mode) -> each call's reading
-        self.idle_use: dict[str, float] = {}  # role -> largest share of its allowance a block used
+        self.idle_use: dict[str, float] = {}  # "role (caller|idle)" -> largest share of its spare a block used
 
     def calibrate(self, kernel: RemoteKernel, n: int, prepare=None) -> None:
         """n more no-op round trips, each after `prepare()` where the timed calls have the judge's own
@@ -231,10 +237,13 @@ class Hosts:
             out.append(f"{role}: judge's clock less the host's events, block medians over {len(gaps)} blocks: "
                        f"p10 {q[len(q) // 10]:.1f}, median {q[len(q) // 2]:.1f}, p90 {q[9 * len(q) // 10]:.1f} us")
         for role, use in sorted(self.idle_use.items()):
-            out.append(f"{role}: CPU time outside its calls: at most {100 * use:.0f}% of the allowance in a block")
+            out.append(f"{role}: CPU time beyond its calls' round trips: at most {100 * max(use, 0.0):.0f}% "
+                       "of the allowance in a block")  # fmt: skip
         return out
 
     def cpu(self) -> dict[int, int | None]:
+        """Each host's CPU time so far, read once every host is blocked (SETTLE_S)."""
+        wait_blocked([h.proc.pid for h in self.members], SETTLE_S)
         return {h.serial: h.cpu_ns() for h in self.members}
 
     def check_idle(self, before: dict[int, int | None], caller: RemoteKernel, calls_ns: int, calls: int) -> None:
@@ -254,9 +263,11 @@ class Hosts:
             if a is None or b is None:
                 continue
             mine = host is caller
-            allowed = (calls_ns + calls * IDLE_PER_CALL_NS if mine else 0) + IDLE_SLACK_NS[host.arena.target]
-            self.idle_use[host.role] = max(self.idle_use.get(host.role, 0.0), (a - b) / allowed)
-            if a - b > allowed:
+            spare = (calls * IDLE_PER_CALL_NS if mine else 0) + IDLE_SLACK_NS[host.arena.target]
+            beyond = a - b - (calls_ns if mine else 0)
+            key = f"{host.role} ({'caller' if mine else 'idle'})"
+            self.idle_use[key] = max(self.idle_use.get(key, 0.0), beyond / spare)
+            if beyond > spare:
                 host.close()
                 during = "between its calls" if mine else f"during the {caller.role}'s calls"
                 raise KernelFailure(f"{host.role}: used {(a - b) / 1e6:.2f} ms of CPU over a block whose "
@@ -304,6 +315,34 @@ class Hosts:
         kernel.close()
         raise KernelFailure(f"{kernel.role}: its calls took {gap:.1f} us longer by the judge's clock than the kernel "
                             f"process reported ({how}; {allowed:.1f} us allowed for the launch): a forged clock")
+
+
+
+def running_threads(pid: int) -> int:
+    """How many of the process's threads are running or ready to run (/proc/PID/task/*/stat state R);
+    0 where the process is gone."""
+    n = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                    n += f.read().rsplit(b")", 1)[1].split()[0] == b"R"
+            except (OSError, IndexError):
+                continue  # the thread ended between the listing and the read
+    except OSError:
+        return 0
+    return n
+
+
+def wait_blocked(pids: list[int], timeout_s: float) -> bool:
+    """Wait until no thread of these processes is running (each blocked or gone), at most timeout_s;
+    whether they all were."""
+    deadline = time.perf_counter() + timeout_s
+    while any(running_threads(pid) for pid in pids):
+        if time.perf_counter() >= deadline:
+            return False
+        time.sleep(SETTLE_POLL_S)
+    return True
 
 
 class RemoteKernel:

@@ -379,3 +379,24 @@ def test_sanitizer_covers_one_shape_per_class():
     assert labels == [s.label for s in spec.shapes["cuda"].test] + ["T=4096,D=14336"], labels
     assert (sj.trials, sj.baseline_library, sj.sandbox) == (1, None, False)
     assert [s.label for s in sanitizer.sanitizer_job(job, "racecheck").shapes] == labels[:-1]
+
+
+def test_cpu_readings_wait_for_a_host_to_block():
+    """A host's CPU time is read once it blocks (remote.wait_blocked): a reading taken while it is
+    still on its way back from a reply would charge that slice to the next block, another kernel's
+    perhaps (an honest candidate failed the idle check in CI so). A process that spins is reported
+    as not blocked until it stops, one blocked on a read as blocked."""
+    from gpu_worker import remote
+
+    spin = "import sys, time\nprint(flush=True)\nt = time.time()\nwhile time.time() - t < 0.6: pass\nsys.stdin.read()"
+    proc = subprocess.Popen(["python3", "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        proc.stdout.readline()  # it spins from here
+        assert remote.running_threads(proc.pid) == 1
+        assert not remote.wait_blocked([proc.pid], 0.05)
+        assert remote.wait_blocked([proc.pid], 5.0)
+        assert remote.running_threads(proc.pid) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert remote.running_threads(proc.pid) == 0 and remote.wait_blocked([proc.pid], 0.01)  # gone
