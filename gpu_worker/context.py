@@ -99,7 +99,7 @@ class Context:
     def _start(self, library: str, role: str) -> RemoteKernel:
         before = (lambda: self.stream.synchronize()) if self.cuda else None  # the judge's writes land first
         return RemoteKernel(library, self.job.spec.entry, role, self.arena, self.job.memory_limit_mb, self.hosts,
-                            before)  # fmt: skip
+                            before, prefix=self.job.host_prefix)  # fmt: skip
 
     def sync(self, who: str = "candidate") -> None:
         """Wait for the harness stream only (work hidden on another stream is not waited for);

@@ -50,6 +50,9 @@ class HarnessJob(BaseModel):
     timing_mode: TimingMode = "auto"
     memory_limit_mb: int = 8192
     sandbox: bool = True  # seccomp and rlimits; off only under compute-sanitizer
+    # A tool the kernel hosts run under (compute-sanitizer and its options): it watches the candidate's
+    # process only, the judge's own work (references, inputs, checks) runs at full speed.
+    host_prefix: list[str] = Field(default_factory=list)
     noise_floor: float = 0.0
     # Pieces an earlier attempt finished (authenticated partial frames it heartbeated): skipped and
     # reported as they were.

@@ -38,6 +38,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where
 ALIGN = 256
 LOAD_TIMEOUT_S = 120.0
 CLOSE_WAIT_S = 2.0
+TOOL_CLOSE_WAIT_S = 60.0  # a host under a tool (compute-sanitizer): its summary is written at the exit
 PINGS_KEPT = 64  # no-op round trips the overhead estimate is the median of
 # A host's CPU time over a block must fit in the block's call round trips, plus what an honest host
 # spends after each reply on its way back into recv() and a little for the accounting's edges.
@@ -355,9 +356,12 @@ class RemoteKernel:
     _ids = 0
 
     def __init__(self, library: str, entry: str, role: str, arena: Arena | CudaArena, memory_limit_mb: int,
-                 hosts: Hosts, before_send=None) -> None:  # fmt: skip
+                 hosts: Hosts, before_send=None, prefix: list[str] | None = None) -> None:  # fmt: skip
         self.role, self.arena = role, arena
         self.cuda = arena.target == "cuda"
+        # Under a tool, proc is the tool's process: the host's own threads and CPU time are not read
+        # (a tool's job is a test job: nothing is timed).
+        self.under_tool = bool(prefix)
         self.before_send = before_send or (lambda: None)
         RemoteKernel._ids += 1
         self.serial = RemoteKernel._ids  # names this host in the packs registered with it
@@ -369,8 +373,8 @@ class RemoteKernel:
         arena_arg, fds = arena.spawn
         # The interpreter's real file (a venv's bin/python may be a link the jail does not show) and no
         # site (the host imports only kopt's own torch-free modules, found through PYTHONPATH).
-        argv = [os.path.realpath(sys.executable), "-S", "-m", "gpu_worker.kernel_host", str(theirs.fileno()),
-                arena.target, arena_arg, library, entry, role, str(memory_limit_mb)]  # fmt: skip
+        argv = [*(prefix or []), os.path.realpath(sys.executable), "-S", "-m", "gpu_worker.kernel_host",
+                str(theirs.fileno()), arena.target, arena_arg, library, entry, role, str(memory_limit_mb)]  # fmt: skip
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(), *fds), stdin=subprocess.DEVNULL, env=env)
@@ -537,7 +541,7 @@ class RemoteKernel:
         not: the jail's end takes the host, and without a jail the parent reports it as left over)."""
         self.sock.close()
         try:
-            self.proc.wait(timeout=CLOSE_WAIT_S)
+            self.proc.wait(timeout=TOOL_CLOSE_WAIT_S if self.under_tool else CLOSE_WAIT_S)
             return
         except subprocess.TimeoutExpired:
             pass

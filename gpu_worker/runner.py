@@ -129,10 +129,10 @@ def _job(
 
 
 async def _run(job: HarnessJob, timeout_s: float, heartbeat: Heartbeat | None,
-               prefix: list[str] | None = None, on_partial: OnPartial | None = None) -> TestResult | ProfileResult:  # fmt: skip
+               on_partial: OnPartial | None = None) -> TestResult | ProfileResult:
     workdir = Path(tempfile.mkdtemp(prefix=f"kopt-{job.mode}-"))
     try:
-        outcome = await spawn.spawn(job, new_key(), workdir, timeout_s, heartbeat, prefix,
+        outcome = await spawn.spawn(job, new_key(), workdir, timeout_s, heartbeat,
                                     _partial_parser(on_partial) if on_partial else None)  # fmt: skip
         return interpret(job, outcome)
     finally:

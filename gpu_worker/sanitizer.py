@@ -1,6 +1,7 @@
 """compute-sanitizer memcheck (and racecheck for kernels with shared memory) on a CUDA candidate.
 
-Runs the harness test mode once more under `compute-sanitizer --tool memcheck`, in a separate
+Runs the harness test mode once more with the candidate's kernel host under `compute-sanitizer
+--tool memcheck` (the judge's own work, references and checks, is not instrumented), in a separate
 child, once per shape class (docs/measurement.md, correctness 5; racecheck over the declared test shapes
 only, see sanitizer_job): every declared test shape (each stands
 for a class: tiny, odd-sized, mid, serving-size) with its variants (edge shapes, scales, the
@@ -84,8 +85,8 @@ async def run(job: HarnessJob, req: ExecRequest, heartbeat) -> tuple[bool | None
             # API errors are not counted: torch's own feature probes return some on purpose.
             prefix = [tool, "--tool", name, "--report-api-errors", "no", "--error-exitcode", str(ERROR_EXIT),
                       "--print-limit", str(PRINT_LIMIT), "--log-file", str(log_file)]  # fmt: skip
-            tool_job = sanitizer_job(job, name)
-            out = await spawn.spawn(tool_job, new_key(), workdir, req.timeout_s, heartbeat, prefix)
+            tool_job = sanitizer_job(job, name).model_copy(update={"host_prefix": prefix})
+            out = await spawn.spawn(tool_job, new_key(), workdir, req.timeout_s, heartbeat)
             log = log_file.read_text(errors="replace") if log_file.is_file() else ""
         finally:
             shutil.rmtree(workdir, ignore_errors=True)

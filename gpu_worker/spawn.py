@@ -6,7 +6,8 @@ session (its own process group), which is killed on timeout, on cancellation, an
 (anything still in the group then was forked by the candidate and is reported).
 
 Children are forked by a zygote that has imported torch once (zygote.py), saving the ~1.5 s import
-per job; KOPT_HARNESS_ZYGOTE=0 (or a compute-sanitizer prefix) execs a fresh interpreter instead.
+per job; KOPT_HARNESS_ZYGOTE=0 (or a job whose kernel hosts run under compute-sanitizer) execs a fresh
+interpreter instead.
 """
 
 from __future__ import annotations
@@ -85,12 +86,11 @@ async def spawn(
     workdir: Path,
     timeout_s: float,
     heartbeat: Heartbeat | None,
-    prefix: list[str] | None = None,
     on_partial: Callable[[str], None] | None = None,
 ) -> Outcome:
-    """Run one harness child (`[*prefix, python, -m, gpu_worker.harness, FD]` when a prefix is
-    given or the zygote is off) to completion or timeout. `on_partial` gets the body of each
-    authenticated partial frame (a finished piece of the job) as it arrives."""
+    """Run one harness child (a fresh `python -m gpu_worker.harness FD` where the zygote is off or
+    the job's kernel hosts run under a tool, job.host_prefix) to completion or timeout. `on_partial`
+    gets the body of each authenticated partial frame (a finished piece of the job) as it arrives."""
     log_path = workdir / f"{job.mode}.log"  # outside the scratch: the child sees it only as its stdout
     scratch = workdir / "scratch"
     scratch.mkdir(exist_ok=True)
@@ -100,12 +100,13 @@ async def spawn(
     r, w = os.pipe()
     transport = child = read_task = wait_task = None
     try:
-        zygote = await asyncio.to_thread(ZygoteClient.shared) if prefix is None else None
+        tool = bool(job.host_prefix)
+        zygote = await asyncio.to_thread(ZygoteClient.shared) if not tool else None
         with open(log_path, "wb") as log:
             if zygote is not None:
                 child = await _ZygoteChild.start(zygote, w, log.fileno(), spec)
             else:
-                child = await _ExecChild.start(prefix or [], w, log, scratch, spec)
+                child = await _ExecChild.start(tool, w, log, scratch, spec)
         os.close(w)
         w = -1
         reader = asyncio.StreamReader(limit=1 << 20)
@@ -145,19 +146,19 @@ async def spawn(
 
 
 class _ExecChild:
-    """A fresh interpreter: `[*prefix, python, -m, gpu_worker.harness, FD]`."""
+    """A fresh interpreter: `python -m gpu_worker.harness FD`."""
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
         self.pid = proc.pid
 
     @classmethod
-    async def start(cls, prefix: list[str], result_w: int, log, scratch: Path, spec: jail.JailSpec) -> _ExecChild:
-        argv = [*prefix, sys.executable, "-m", "gpu_worker.harness", str(result_w)]
+    async def start(cls, tool: bool, result_w: int, log, scratch: Path, spec: jail.JailSpec) -> _ExecChild:
+        argv = [sys.executable, "-m", "gpu_worker.harness", str(result_w)]
         if not jail.disabled():
-            # A tool under the harness (compute-sanitizer) forks and execs: the jail's tool profile
-            # holds it; a bare harness installs the stricter harness profile itself.
-            argv = jail.command(spec, argv, seccomp_profile="tool" if prefix else None)
+            # A tool the kernel hosts run under (compute-sanitizer) forks and execs: the jail's tool
+            # profile holds it; a bare harness installs the stricter harness profile itself.
+            argv = jail.command(spec, argv, seccomp_profile="tool" if tool else None)
         proc = await asyncio.create_subprocess_exec(
             *argv, pass_fds=(result_w,), start_new_session=True, cwd=scratch, env=spec.env,
             stdin=asyncio.subprocess.PIPE, stdout=log, stderr=log,

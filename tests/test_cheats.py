@@ -5,7 +5,8 @@ Each cheat source says what it does and what must catch it in its header:
   // expect:  substrings of the rejection reason, alternatives separated by " | "
   // layer:   runtime (test mode), profile (profile mode), static (source/library checks only) or ab
   //          (profile mode against the package baseline: whatever it does, it must not come out
-  //          "faster"; expect is then "not faster")
+  //          "faster"; expect is then "not faster"), or sanitizer (CUDA test mode with
+  //          compute-sanitizer, the full runner.run_test: what only the tool can see)
   // static:  (optional) what the static checks also say about it
   // package: (optional) scale2; default silu_and_mul
 Runtime cheats run through the harness alone (no static checks), so each test shows that the
@@ -223,7 +224,8 @@ def test_cuda_cheat_gains_nothing_against_the_baseline(cuda_libs, cheat):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cheat", [c for c in CUDA_CHEATS if c.layer not in ("static", "ab")], ids=lambda c: c.name)
+@pytest.mark.parametrize("cheat", [c for c in CUDA_CHEATS if c.layer not in ("static", "ab", "sanitizer")],
+                         ids=lambda c: c.name)  # fmt: skip
 def test_cuda_cheat_is_rejected(cuda_libs, cheat):
     result = asyncio.run(run_cheat(cheat, cuda_libs[cheat.name], cuda_libs["baseline_silu_and_mul"], "cuda",
                                    asyncio.Semaphore(1)))  # fmt: skip
@@ -240,9 +242,25 @@ def test_cuda_baseline_is_accepted_and_ab_against_itself_is_even(cuda_libs):
     source = (pkg / "kernel.cu").read_text()
     tested = asyncio.run(runner.run_test(request(spec, "cuda", "test", source=source), lib, pkg, spec, baseline=lib))
     assert tested.correct, tested.reason
-    assert tested.sanitizer
+    assert "memcheck: clean" in tested.sanitizer, tested.sanitizer
     profiled = asyncio.run(runner.run_profile(request(spec, "cuda", "bench"), lib, pkg, spec, baseline=lib))
     assert profiled.ok, profiled.reason
     assert profiled.ab is not None and profiled.ab.ci_low <= 1.03 and profiled.ab.ci_high >= 0.97, profiled.ab
     for t in profiled.timings:
         assert t.mode in ("cold", "graph") and 10 < t.pct_sol < 110, t
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cheat", [c for c in CUDA_CHEATS if c.layer == "sanitizer"], ids=lambda c: c.name)
+def test_cuda_cheat_only_the_sanitizer_sees_is_rejected(cuda_libs, cheat):
+    """Right outputs, no fault, an invalid access all the same: the harness alone accepts it, the test
+    step (compute-sanitizer memcheck on the kernel host) rejects it."""
+    pkg = PACKAGES[cheat.package]
+    spec = load_spec(pkg)
+    alone = asyncio.run(run_cheat(cheat, cuda_libs[cheat.name], cuda_libs["baseline_silu_and_mul"], "cuda",
+                                  asyncio.Semaphore(1)))  # fmt: skip
+    assert alone.correct, alone.reason
+    tested = asyncio.run(runner.run_test(request(spec, "cuda", "test", source=cheat.source), cuda_libs[cheat.name],
+                                         pkg, spec, baseline=cuda_libs["baseline_silu_and_mul"]))  # fmt: skip
+    assert not tested.correct and any(e in tested.reason for e in cheat.expect), tested.reason
+    assert "Invalid __global__ write" in tested.reason, tested.reason

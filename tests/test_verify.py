@@ -115,3 +115,41 @@ def test_bad_input_exits_2_in_one_line_through_the_cli(tmp_path):
         assert proc.returncode == EXIT_BAD_INPUT, (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, proc.stderr
     assert not (tmp_path / "home" / "temporal.db").exists()  # no server for a gate
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_the_gate_on_cuda_passes_the_baseline_and_fails_a_wrong_kernel(tmp_path):
+    """The same gate on the CUDA target, through the CLI: silu_and_mul's own kernel passes against
+    itself with a timing testcase per shape and dtype; the kernel with its result scaled by 1.5 exits
+    1 with the failed check named, untimed."""
+    silu = REPO / "kernels" / "silu_and_mul"
+
+    def cli(candidate: Path, tag: str):
+        junit, js = tmp_path / f"{tag}.xml", tmp_path / f"{tag}.json"
+        proc = subprocess.run([sys.executable, "-m", "kopt", "verify", str(silu), "--candidate", str(candidate),
+                               "--target", "cuda", "--junit", str(junit), "--json", str(js)], cwd=REPO,
+                              env=kopt_env(tmp_path / "home"), capture_output=True, text=True, timeout=400)  # fmt: skip
+        return proc, junit, json.loads(js.read_text())
+
+    proc, junit, verdict = cli(silu / "kernel.cu", "same")
+    assert proc.returncode == EXIT_PASS, proc.stdout + proc.stderr[-3000:]
+    suite, by = cases(junit)
+    timings = [k for k in by if k.startswith("timing/")]
+    assert suite.get("failures") == suite.get("errors") == "0" and len(timings) >= 2
+    assert verdict["correct"] and verdict["exit_code"] == EXIT_PASS and verdict["target"] == "cuda"
+    assert "H100" in verdict["device"] or "H200" in verdict["device"], verdict["device"]
+    lo, hi = verdict["speedup_ci"]
+    assert lo < 1.03 and hi > 0.97, verdict["speedup_ci"]  # itself: an interval about 1
+
+    src = (silu / "kernel.cu").read_text()
+    needle = "silu_mul(to_f32(g.v[k]), to_f32(u.v[k]))"
+    assert needle in src
+    wrong = tmp_path / "wrong.cu"
+    wrong.write_text(src.replace(needle, "1.5f * " + needle))
+    proc, junit, verdict = cli(wrong, "wrong")
+    assert proc.returncode == EXIT_WRONG and "rejected:" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    suite, by = cases(junit)
+    failed = [k for k, c in by.items() if c.find("failure") is not None]
+    assert failed and all(k.startswith("correctness/") for k in failed), failed
+    assert not [k for k in by if k.startswith("timing/")]
