@@ -8,13 +8,16 @@ cheat corpus (test_cheats.py) covers the full list of known cheats.
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
+import random
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from gpu_worker import device, plan, protocol, runner, spawn, static_checks
+from gpu_worker.abi import KernelFailure
 from kopt.build import compile_command, detect_toolchain
 from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef, Shape
 from kopt.package import load_spec
@@ -400,3 +403,76 @@ def test_cpu_readings_wait_for_a_host_to_block():
         proc.kill()
         proc.wait()
     assert remote.running_threads(proc.pid) == 0 and remote.wait_blocked([proc.pid], 0.01)  # gone
+
+
+class _Host:
+    """What the clock checks read of a kernel host: its role and serial, and close()."""
+
+    def __init__(self, role: str, serial: int) -> None:
+        self.role, self.serial, self.closed = role, serial, False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _clock(hosts, host, rts, readings, noop: float) -> str | None:
+    hosts.rts[host.serial] = collections.deque([noop])
+    return hosts.check_clock(host, "cold", rts, readings)
+
+
+def test_the_shape_clock_check_compares_raw_round_trips_not_each_hosts_no_op():
+    """CUDA cold mode (remote.Hosts, data shaped like an H100's): the device's context switch inside
+    each round trip is ~45 or ~230 us, and which one shifts during a shape, so each host's no-op
+    median can sit in a different mode. Honest hosts through the same switches pass whatever their
+    no-ops say (the median-gap rule failed them by ~185 us); a host that reports 60 us less than its
+    calls took, in every block, fails."""
+    from gpu_worker import remote
+
+    rng = random.Random(3)
+    reading = 100.0
+
+    def block(forged_us: float = 0.0):
+        rts = [reading + (230.0 if rng.random() < 0.5 else 45.0) + rng.uniform(-10, 10) for _ in range(20)]
+        return rts, [reading - forged_us] * 20
+
+    for forged_us, noops, fails in ((0.0, (230.0, 45.0), False), (0.0, (45.0, 230.0), False),
+                                    (60.0, (45.0, 45.0), True), (60.0, (230.0, 230.0), True)):  # fmt: skip
+        hosts = remote.Hosts()
+        base, cand = _Host("baseline", 1), _Host("candidate", 2)
+        for _ in range(10):
+            assert _clock(hosts, base, *block(), noops[0]) is None
+            assert _clock(hosts, cand, *block(forged_us), noops[1]) is None  # within the block's gross bound
+        if fails:
+            with pytest.raises(KernelFailure, match="forged clock"):
+                hosts.check_clock_shape(cand, base)
+            assert cand.closed
+        else:
+            hosts.check_clock_shape(cand, base)
+            assert not cand.closed
+
+
+def test_a_block_the_clock_disagrees_with_is_taken_again_and_only_repeated_disagreement_fails():
+    """timing.clocked: a block whose median gap misses the gross bound (a stall of the whole block, seen
+    once in an A/A of silu_and_mul on an H100) is taken again; BLOCK_RETAKES misses in a row fail, and
+    a retaken block's readings never reach the sample."""
+    from gpu_worker import remote, timing
+
+    honest = ([300.0] * 8, [100.0] * 8)
+    stalled = ([3300.0] * 8, [100.0] * 8)
+    for stalls, fails in ((1, False), (remote.BLOCK_RETAKES, False), (remote.BLOCK_RETAKES + 1, True)):
+        hosts, host = remote.Hosts(), _Host("candidate", 1)
+        hosts.rts[1] = collections.deque([200.0])
+        taken = []
+
+        def block(n, taken=taken, stalls=stalls):
+            taken.append(n)
+            return stalled if len(taken) <= stalls else honest
+
+        if fails:
+            with pytest.raises(KernelFailure, match="median over a block"):
+                timing.clocked(block, 8, host, hosts, "cold")
+            assert host.closed and len(taken) == 1 + remote.BLOCK_RETAKES
+        else:
+            assert timing.clocked(block, 8, host, hosts, "cold") == honest[1]
+            assert hosts.retaken == {"candidate cold": stalls} and len(taken) == stalls + 1
+            assert any("taken again" in line for line in hosts.summary())
