@@ -59,9 +59,10 @@ SETTLE_POLL_S = 50e-6
 # (round trip less reading) per call, taken interleaved through the same switches, no no-op at all,
 # by their trimmed means (a median of a two-mode mixture jumps between the modes; a mean moves with
 # the mixture's weights, by a few us over hundreds of calls): in 4 A/A evaluations of the three
-# Astra kernels on an H100 (block medians) the candidate's exceeded the baseline's by at most 12 us. A host
-# that under-reports a share p of its calls by d us moves it by about p*d. A block is held to a gross bound against the no-op; one that misses
-# it is taken again (a whole block once took 3 ms a call longer in an A/A of silu_and_mul), and only
+# Astra kernels on an H100 (block medians) the candidate's exceeded the baseline's by at most 12 us.
+# A host that under-reports a share p of its calls by d us moves it by about p*d. A block is held to
+# a gross bound against the no-op; one that misses it is taken again (a whole block once took 3 ms a
+# call longer in an A/A of silu_and_mul), and only
 # BLOCK_RETAKES misses in a row are a forgery. docs/decisions/0015.
 CLOCK_SLACK_US = 40.0  # candidate's shape figure over the baseline's (plus CLOCK_SLACK_FRACTION)
 CLOCK_TRIM = 0.1  # the share of calls left out at each end of the trimmed means (stalls, stragglers)
