@@ -59,11 +59,16 @@ def sanitizer_job(job: HarnessJob, tool: str = "memcheck") -> HarnessJob:
 
 
 def findings(log: str) -> tuple[int | None, list[str]]:
-    """(error count from the ERROR SUMMARY line or None, first error lines)."""
-    m = re.search(r"ERROR SUMMARY:\s*(\d+) error", log)
+    """(error count from the summary line or None where there is none, first error lines). memcheck
+    ends with "ERROR SUMMARY: N errors"; racecheck with "RACECHECK SUMMARY: H hazards displayed (E
+    errors, W warnings)", whose errors count (its warnings are hazards it cannot confirm)."""
+    m = re.search(r"ERROR SUMMARY:\s*(\d+) error", log) or \
+        re.search(r"RACECHECK SUMMARY:\s*\d+ hazards? displayed \((\d+) errors?", log)
     count = int(m.group(1)) if m else None
+    # Findings only: racecheck's "Error: Race reported ..." is one, the tool's own "Error: ..." lines
+    # (a target that failed, say) are not.
     lines = [ln.strip("= ").strip() for ln in log.splitlines()
-             if re.match(r"=+\s+(Invalid|Race|Uninitialized|Out-of-range|Misaligned|Warning: Race|Error:)", ln)]
+             if re.match(r"=+\s+(Invalid|Race|Uninitialized|Out-of-range|Misaligned|(Warning|Error): Race)", ln)]
     return count, lines[:3]  # fmt: skip
 
 
@@ -91,12 +96,13 @@ async def run(job: HarnessJob, req: ExecRequest, heartbeat) -> tuple[bool | None
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         count, lines = findings(log)
-        real = [ln for ln in lines if not ln.startswith("Error:")]  # "Error:" lines are the tool's own
-        if real and (count or out.returncode == ERROR_EXIT):
-            what = "; ".join(real)
+        if lines and (count or out.returncode == ERROR_EXIT):
+            what = "; ".join(lines)
             return False, f"compute-sanitizer {name}: {count if count is not None else 'some'} error(s): {what}"
         if out.timed_out or count is None:
-            summaries.append(f"{name}: did not complete ({'timed out' if out.timed_out else 'no summary'})")
+            last = next((ln.strip("= ").strip() for ln in reversed(log.splitlines()) if ln.strip("= ").strip()), "")
+            why = "timed out" if out.timed_out else f"no summary; its log ends: {last[:160]!r}"
+            summaries.append(f"{name}: did not complete ({why})")
         else:
             summaries.append(f"{name}: clean ({len(tool_job.shapes)} shape classes)")
     return True if all(": clean" in s for s in summaries) else None, "compute-sanitizer " + ", ".join(summaries)

@@ -476,3 +476,17 @@ def test_a_block_the_clock_disagrees_with_is_taken_again_and_only_repeated_disag
             assert timing.clocked(block, 8, host, hosts, "cold") == honest[1]
             assert hosts.retaken == {"candidate cold": stalls} and len(taken) == stalls + 1
             assert any("taken again" in line for line in hosts.summary())
+
+
+def test_sanitizer_summaries_of_both_tools_are_read():
+    """memcheck's and racecheck's own summary lines (racecheck's has no "ERROR SUMMARY": it was read
+    as "did not complete (no summary)" on every kernel with shared memory)."""
+    from gpu_worker.sanitizer import findings
+
+    assert findings("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n") == (0, [])
+    race = ("========= COMPUTE-SANITIZER\n"
+            "========= Error: Race reported between Write access at kernel+0x1a0\n"
+            "========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)\n")  # fmt: skip
+    assert findings(race) == (1, ["Error: Race reported between Write access at kernel+0x1a0"])
+    assert findings("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n")[0] == 0
+    assert findings("========= COMPUTE-SANITIZER\n")[0] is None

@@ -1,7 +1,7 @@
 // cheat: a scratch buffer of its own (device memory it allocates once) written one element past its
 // end on every call: the outputs are right and nothing faults (the allocation's page is larger), so
 // only compute-sanitizer memcheck, watching the kernel host, can see it
-// expect: compute-sanitizer memcheck
+// expect: compute-sanitizer memcheck: 1 error(s): Invalid __global__ write
 // layer: sanitizer
 #include <cstdint>
 
