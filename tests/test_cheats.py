@@ -209,14 +209,14 @@ def test_silu_baseline_passes_its_own_calibrated_checks(cpu_outcomes):
 @pytest.fixture(scope="session")
 def cuda_libs(tmp_path_factory) -> dict[str, Path]:
     sources = {c.name: c.path for c in CUDA_CHEATS if c.layer != "static"}
-    sources["baseline_silu_and_mul"] = PACKAGES["silu_and_mul"] / "kernel.cu"
+    sources |= {f"baseline_{k}": v / "kernel.cu" for k, v in PACKAGES.items() if (v / "kernel.cu").is_file()}
     return compile_all("cuda", sources, tmp_path_factory.mktemp("cheats-cuda"))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cheat", [c for c in CUDA_CHEATS if c.layer == "ab"], ids=lambda c: c.name)
 def test_cuda_cheat_gains_nothing_against_the_baseline(cuda_libs, cheat):
-    result = asyncio.run(run_cheat(cheat, cuda_libs[cheat.name], cuda_libs["baseline_silu_and_mul"], "cuda",
+    result = asyncio.run(run_cheat(cheat, cuda_libs[cheat.name], cuda_libs[f"baseline_{cheat.package}"], "cuda",
                                    asyncio.Semaphore(1)))  # fmt: skip
     assert result.ab is not None or not result.ok, result
     if result.ok:
@@ -227,7 +227,7 @@ def test_cuda_cheat_gains_nothing_against_the_baseline(cuda_libs, cheat):
 @pytest.mark.parametrize("cheat", [c for c in CUDA_CHEATS if c.layer not in ("static", "ab", "sanitizer")],
                          ids=lambda c: c.name)  # fmt: skip
 def test_cuda_cheat_is_rejected(cuda_libs, cheat):
-    result = asyncio.run(run_cheat(cheat, cuda_libs[cheat.name], cuda_libs["baseline_silu_and_mul"], "cuda",
+    result = asyncio.run(run_cheat(cheat, cuda_libs[cheat.name], cuda_libs[f"baseline_{cheat.package}"], "cuda",
                                    asyncio.Semaphore(1)))  # fmt: skip
     ok = result.correct if cheat.layer != "profile" else result.ok
     assert not ok, f"{cheat.name} was accepted"
@@ -257,9 +257,9 @@ def test_cuda_cheat_only_the_sanitizer_sees_is_rejected(cuda_libs, cheat):
     the test step (compute-sanitizer memcheck or racecheck on the kernel host) rejects it."""
     pkg = PACKAGES[cheat.package]
     spec = load_spec(pkg)
-    alone = asyncio.run(run_cheat(cheat, cuda_libs[cheat.name], cuda_libs["baseline_silu_and_mul"], "cuda",
+    alone = asyncio.run(run_cheat(cheat, cuda_libs[cheat.name], cuda_libs[f"baseline_{cheat.package}"], "cuda",
                                   asyncio.Semaphore(1)))  # fmt: skip
     assert alone.correct, alone.reason
     tested = asyncio.run(runner.run_test(request(spec, "cuda", "test", source=cheat.source), cuda_libs[cheat.name],
-                                         pkg, spec, baseline=cuda_libs["baseline_silu_and_mul"]))  # fmt: skip
+                                         pkg, spec, baseline=cuda_libs[f"baseline_{cheat.package}"]))  # fmt: skip
     assert not tested.correct and any(e in tested.reason for e in cheat.expect), tested.reason
