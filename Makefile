@@ -22,7 +22,7 @@ run: $(VENV)/.installed
 	$(VENV)/bin/kopt optimize kernels/silu_and_mul --target cpu --rounds $(ROUNDS) --report-dir kopt-report
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=12
 
 # The inner loop: everything not marked slow (no full optimization runs).
 test-fast: $(VENV)/.installed
