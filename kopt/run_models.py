@@ -145,6 +145,9 @@ class OptimizeRequest(BaseModel):
     timeouts: ActivityTimeouts = Field(default_factory=ActivityTimeouts)
     llm: LLMConfig | None = None  # provider "openai": endpoint, models, prices (never the key)
     candidates_per_round: int = 1
+    # Sampling cap per shape and dtype of every profile (seconds); None: the target's default. Short
+    # runs whose timing precision does not matter (tests of the workflow itself) set it low.
+    time_cap_s: float | None = Field(default=None, gt=0)
     single_agent: bool = False  # one combined agent (the ablation Astra reports)
     patience: int | None = None  # stop after this many rounds without an accepted improvement
     budgets: Budgets = Field(default_factory=Budgets)

@@ -568,7 +568,7 @@ class OptimizeKernel:
             request = ExecRequest(package=req.package, target=req.target, candidate_id=cand.id,
                                   library=compiled.library, shapes=shape_list, dtypes=req.package.spec.dtypes,
                                   seed=req.seed * 1_000_003 + rnd, source=cand.source, baseline_library=baseline,
-                                  baseline_id=req.baseline.id if baseline else None)
+                                  baseline_id=req.baseline.id if baseline else None, time_cap_s=req.time_cap_s)
             self._progress.phase = kind
             result = await workflow.execute_activity(kind, request, **self._options(kind, req, at))
             self._usage.device_seconds += result.seconds
