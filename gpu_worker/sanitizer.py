@@ -72,6 +72,25 @@ def findings(log: str) -> tuple[int | None, list[str]]:
     return count, lines[:3]  # fmt: skip
 
 
+def outcome(name: str, log: str, timed_out: bool, shape_classes: int) -> tuple[bool | None, str]:
+    """One tool's verdict from its log alone (the tool wraps the kernel host, whose exit status the
+    judge does not report): (False, why) on any finding, an error count above 0 or, where the log has
+    no summary, a finding line; (True, "NAME: clean ...") on a summary of 0 errors; (None, "NAME: did
+    not complete ...") otherwise."""
+    count, lines = findings(log)
+    if count or (count is None and lines):
+        # A finding of a kind findings() does not list (a hardware exception, say): the tool's own lines.
+        tool_lines = [ln.strip("= ").strip() for ln in log.splitlines() if ln.startswith("=")]
+        other = [ln for ln in tool_lines if ln and "COMPUTE-SANITIZER" not in ln and "SUMMARY" not in ln]
+        what = "; ".join(lines or other[:3])
+        return False, f"compute-sanitizer {name}: {count if count is not None else 'some'} error(s): {what}"
+    if timed_out or count is None:
+        last = next((ln.strip("= ").strip() for ln in reversed(log.splitlines()) if ln.strip("= ").strip()), "")
+        why = "timed out" if timed_out else f"no summary; its log ends: {last[:160]!r}"
+        return None, f"{name}: did not complete ({why})"
+    return True, f"{name}: clean ({shape_classes} shape classes)"
+
+
 async def run(job: HarnessJob, req: ExecRequest, heartbeat) -> tuple[bool | None, str]:
     """(False: findings; True: clean; None: could not run) and a one-line summary."""
     tool = find_sanitizer()
@@ -80,7 +99,8 @@ async def run(job: HarnessJob, req: ExecRequest, heartbeat) -> tuple[bool | None
     tools = ["memcheck"]
     if req.source is not None and "__shared__" in req.source:
         tools.append("racecheck")
-    summaries = []
+    verdicts: list[bool | None] = []
+    summaries: list[str] = []
     for name in tools:
         workdir = Path(tempfile.mkdtemp(prefix=f"kopt-{name}-"))
         try:
@@ -95,14 +115,9 @@ async def run(job: HarnessJob, req: ExecRequest, heartbeat) -> tuple[bool | None
             log = log_file.read_text(errors="replace") if log_file.is_file() else ""
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        count, lines = findings(log)
-        if lines and (count or out.returncode == ERROR_EXIT):
-            what = "; ".join(lines)
-            return False, f"compute-sanitizer {name}: {count if count is not None else 'some'} error(s): {what}"
-        if out.timed_out or count is None:
-            last = next((ln.strip("= ").strip() for ln in reversed(log.splitlines()) if ln.strip("= ").strip()), "")
-            why = "timed out" if out.timed_out else f"no summary; its log ends: {last[:160]!r}"
-            summaries.append(f"{name}: did not complete ({why})")
-        else:
-            summaries.append(f"{name}: clean ({len(tool_job.shapes)} shape classes)")
-    return True if all(": clean" in s for s in summaries) else None, "compute-sanitizer " + ", ".join(summaries)
+        ok, summary = outcome(name, log, out.timed_out, len(tool_job.shapes))
+        if ok is False:
+            return False, summary
+        verdicts.append(ok)
+        summaries.append(summary)
+    return True if all(verdicts) else None, "compute-sanitizer " + ", ".join(summaries)

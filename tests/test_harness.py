@@ -490,3 +490,29 @@ def test_sanitizer_summaries_of_both_tools_are_read():
     assert findings(race) == (1, ["Error: Race reported between Write access at kernel+0x1a0"])
     assert findings("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n")[0] == 0
     assert findings("========= COMPUTE-SANITIZER\n")[0] is None
+
+
+def test_a_sanitizer_verdict_comes_from_its_log_alone():
+    """The tool wraps the kernel host, whose exit status the judge does not report, so its log decides:
+    any error counted fails, a finding line fails where the log has no summary (the host cut short),
+    racecheck's unconfirmed warnings under a summary of 0 errors pass, and a log with neither a summary
+    nor a finding is "did not complete", never clean."""
+    from gpu_worker.sanitizer import outcome
+
+    head = "========= COMPUTE-SANITIZER\n"
+    assert outcome("memcheck", head + "========= ERROR SUMMARY: 0 errors\n", False, 5) == (
+        True, "memcheck: clean (5 shape classes)")  # fmt: skip
+    ok, why = outcome("memcheck", head + "========= Invalid __global__ write of size 4 bytes\n"
+                      "========= ERROR SUMMARY: 1 error\n", False, 5)  # fmt: skip
+    assert ok is False and why == "compute-sanitizer memcheck: 1 error(s): Invalid __global__ write of size 4 bytes"
+    ok, why = outcome("memcheck", head + "========= Warp Illegal Instruction\n========= ERROR SUMMARY: 1 error\n",
+                      False, 5)  # fmt: skip
+    assert ok is False and why.endswith("1 error(s): Warp Illegal Instruction"), why
+    ok, why = outcome("memcheck", head + "========= Invalid __global__ read of size 2 bytes\n", True, 5)
+    assert ok is False and "some error(s): Invalid __global__ read" in why
+    race_warning = head + "========= Warning: Race reported between Write access\n" \
+        "========= RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warning)\n"
+    assert outcome("racecheck", race_warning, False, 4)[0] is True
+    ok, why = outcome("memcheck", head, False, 5)
+    assert ok is None and why.startswith("memcheck: did not complete (no summary")
+    assert outcome("memcheck", head, True, 5) == (None, "memcheck: did not complete (timed out)")
