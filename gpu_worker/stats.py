@@ -20,6 +20,10 @@ CONFIDENCE = 0.95
 MAX_RESAMPLED = 2000  # samples per side fed to the bootstrap (evenly thinned beyond this)
 UNKNOWN_SPREAD = 1.0  # log-ratio spread assumed when a single block pair was timed
 SEGMENTS = 8  # stretches of consecutive block pairs whose means must agree (drift over the run)
+# Share of block pairs cut from each end before averaging (Yuen's trimmed mean): a pair whose block
+# was disturbed as a whole (a preemption, a page fault storm) is an outlier of either sign, and one
+# of them (a log ratio of 8 was seen under a CPU hog) must not decide the point or the width.
+TRIM = 0.2
 # The smallest speedup a verdict believes, per target, whatever the interval says: the same code
 # timed against itself is off by this much from one run to the next (placement of buffers and code,
 # which side ran after which re-check; on CPU the two kernel processes and how the scheduler treats
@@ -90,6 +94,21 @@ def _student_t(df: int, reps: int, gen: torch.Generator) -> torch.Tensor:
     return z / (chi2 / df).sqrt()
 
 
+def trimmed(d: list[float], trim: float = TRIM) -> tuple[float, float, int]:
+    """Yuen's trimmed mean of `d`: (mean of the middle values, its standard error from the
+    winsorized spread, degrees of freedom). With fewer than 1/trim values nothing is cut."""
+    n = len(d)
+    k = int(trim * n)
+    xs = sorted(d)
+    core = xs[k : n - k]
+    mean = statistics.fmean(core)
+    if n < 2:
+        return mean, math.inf, 1
+    winsorized = [core[0]] * k + core + [core[-1]] * k
+    se = statistics.stdev(winsorized) / ((1 - 2 * k / n) * math.sqrt(n))
+    return mean, se, max(len(core) - 1, 1)
+
+
 def paired_blocks(
     baseline: list[float], base_blocks: tuple[int, ...], candidate: list[float], cand_blocks: tuple[int, ...],
     seed: int = 0, reps: int = REPLICATES, confidence: float = CONFIDENCE,
@@ -97,24 +116,25 @@ def paired_blocks(
     """The speedup from pairs of blocks: the i-th block of each side was taken next to the other in
     time (A B B A ...), so d_i = log(median(A_i) / median(B_i)) compares the two under the same
     conditions, and the machine's drift between blocks (load, clocks, caches) cancels in d_i and
-    shows in their spread. Speedup = exp(mean d_i); its interval is Student's t over the pairs, so few
-    pairs or drifting ones give a wide interval rather than a confident wrong one (a bootstrap of
-    single samples, treating them as independent, hides the drift). With many pairs, the means of
-    SEGMENTS consecutive stretches are a second estimate (Student's t over them): when the pairs'
-    difference drifts during the run, the stretches disagree more than the pairs' spread predicts,
-    and the wider of the two intervals is the one reported."""
+    shows in their spread. Speedup = exp(trimmed mean of d_i) (TRIM); its interval is Student's t
+    over the pairs (Yuen: the trimmed mean's error from the winsorized spread), so few pairs or
+    drifting ones give a wide interval rather than a confident wrong one (a bootstrap of single
+    samples, treating them as independent, hides the drift). With many pairs, the means of SEGMENTS
+    consecutive stretches (trimmed too) are a second estimate (Student's t over them): when the
+    pairs' difference drifts during the run, the stretches disagree more than the pairs' spread
+    predicts, and the wider of the two intervals is the one reported."""
     a = [statistics.median(x) for x in _split(baseline, base_blocks) if x]
     b = [statistics.median(x) for x in _split(candidate, cand_blocks) if x]
     d = [math.log(x / y) for x, y in zip(a, b) if x > 0 and y > 0]
     gen = torch.Generator().manual_seed(seed)
-    mean = statistics.fmean(d)
+    mean, se, df = trimmed(d)
     if len(d) < 2:  # one pair says nothing about the spread: an interval that decides nothing
         logs = mean + UNKNOWN_SPREAD * torch.randn(reps, generator=gen, dtype=torch.float64)
     else:
-        logs = mean + statistics.stdev(d) / math.sqrt(len(d)) * _student_t(len(d) - 1, reps, gen)
+        logs = mean + se * _student_t(df, reps, gen)
         if len(d) >= 2 * SEGMENTS:  # drift: stretches of the run that disagree widen the interval
             n = len(d)
-            seg = [statistics.fmean(d[k * n // SEGMENTS : (k + 1) * n // SEGMENTS]) for k in range(SEGMENTS)]
+            seg = [trimmed(d[k * n // SEGMENTS : (k + 1) * n // SEGMENTS])[0] for k in range(SEGMENTS)]
             by_seg = mean + statistics.stdev(seg) / math.sqrt(SEGMENTS) * _student_t(SEGMENTS - 1, reps, gen)
             if _width(by_seg, confidence) > _width(logs, confidence):
                 logs = by_seg

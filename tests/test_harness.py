@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import os
 import random
 import subprocess
@@ -194,6 +195,28 @@ def test_pairs_that_drift_during_the_run_widen_the_interval():
     steady = stats.paired_blocks(base[:320], tuple(blocks[:32]), cand[:320], tuple(blocks[:32]))
     assert 1.025 < steady.low < steady.high < 1.035  # one stretch alone: tight around its 3 %
     assert stats.MIN_NOISE_FLOOR["cpu"] >= 0.01 and stats.verdict(1.005, 1.02, stats.MIN_NOISE_FLOOR["cpu"]) == "same"
+
+
+def test_a_pair_disturbed_as_a_whole_decides_neither_the_point_nor_the_width():
+    """Under load a whole block can be preempted: its median is off by a large factor (a log ratio
+    of 8 was seen). Two such pairs among 60 steady ones (a real 10 % speedup) must leave the
+    verdict and a narrow interval; a plain mean of the pairs moved the point by 7 % and widened its
+    error ~90-fold."""
+    import random
+
+    from gpu_worker import stats
+
+    rng = random.Random(5)
+    blocks = tuple([10] * 60)
+    base = [11.0 * rng.lognormvariate(0, 0.01) for _ in range(600)]
+    cand = [10.0 * rng.lognormvariate(0, 0.01) for _ in range(600)]
+    base[100:110] = [x * 3000 for x in base[100:110]]  # pair 10: the baseline's block stalled
+    cand[400:410] = [x * 50 for x in cand[400:410]]  # pair 40: the candidate's
+    r = stats.paired_blocks(base, blocks, cand, blocks)
+    assert 1.09 < r.low < r.speedup < r.high < 1.11 and abs(r.speedup - 1.1) < 0.005
+    assert stats.verdict(r.low, r.high, stats.MIN_NOISE_FLOOR["cpu"]) == "faster"
+    plain = stats.trimmed([math.log(a / b) for a, b in zip(base[::10], cand[::10])], trim=0.0)
+    assert plain[0] > math.log(1.15) and plain[1] > 0.1  # the plain mean: off by 7 %, its error ~90x wider
 
 
 # ---------------------------------------------------------------- harness runs

@@ -1,7 +1,7 @@
 """The per-shape regression guard: a candidate that wins on the geomean but is statistically slower
 than the baseline at one (shape, dtype) does not become the best, unless the run allows it; the
-report lists the shapes either way (tests/fixtures/tradeoff: MODE 1 is ~4x faster at the small bench
-shape and ~2x slower at the large one)."""
+report lists the shapes either way (tests/fixtures/tradeoff: MODE 1 is ~16x faster at the small bench
+shape and ~1.5x slower at the large one)."""
 
 from __future__ import annotations
 
