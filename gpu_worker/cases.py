@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import zlib
 from types import ModuleType
 
 import torch
@@ -19,8 +20,10 @@ from gpu_worker.abi import Packed
 from gpu_worker.plan import CaseSpec
 from kopt import expr
 from kopt.models import Argument
+from kopt.package import is_integer
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                "int32": torch.int32, "int64": torch.int64}
 POISON = {
     torch.float32: (torch.int32, 0x7FC5A5A5),
     torch.float64: (torch.int64, 0x7FF8A5A5A5A5A5A5),
@@ -119,17 +122,43 @@ def generate(ref: ModuleType, args: list[Argument], cs: CaseSpec, seed: int, dev
             continue
         want = dtype_of(arg, cs.dtype)
         t = made.get(arg.name) if isinstance(made, dict) else None
+        if t is None and arg.range is not None:
+            t = draw_integers(arg, shapes[arg.name], dims, seed, device)
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"reference.py: make_inputs() returned no tensor {arg.name!r}")
+            raise ValueError(f"reference.py: make_inputs() returned no tensor {arg.name!r}"
+                             + (" (and kernel.toml gives it no range to draw from)" if is_integer(arg) else ""))  # fmt: skip
         if list(t.shape) != shapes[arg.name] or t.dtype != want or t.device.type != device:
             raise ValueError(
                 f"reference.py: make_inputs() gave {arg.name!r} as {list(t.shape)} {t.dtype} on {t.device}, "
                 f"kernel.toml declares {shapes[arg.name]} {want} on {device}"
             )
-        if cs.scale != 1.0 and not native_scale and t.is_floating_point():
+        if arg.range is not None and t.numel():
+            low, high = value_range(arg, dims)
+            if int(t.min()) < low or int(t.max()) >= high:
+                raise ValueError(f"reference.py: make_inputs() gave {arg.name!r} values in [{int(t.min())}, "
+                                 f"{int(t.max())}], outside its kernel.toml range [{low}, {high}) at "
+                                 f"{','.join(f'{k}={v}' for k, v in dims.items())}")  # fmt: skip
+        if cs.scale != 1.0 and not native_scale and t.is_floating_point() and arg.scale:
             t = (t.double() * cs.scale).to(t.dtype)
         out[arg.name] = t.contiguous().clone()
     return out
+
+
+def value_range(arg: Argument, dims: dict[str, int]) -> tuple[int, int]:
+    assert arg.range is not None
+    return int(expr.evaluate(arg.range[0], dims)), int(expr.evaluate(arg.range[1], dims))
+
+
+def draw_integers(arg: Argument, shape: list[int], dims: dict[str, int], seed: int, device: str) -> torch.Tensor:
+    """Values for an integer input that make_inputs() leaves out: uniform in its range, seeded by the
+    case and the argument's name, with the range's two edges among them (first and last element)."""
+    low, high = value_range(arg, dims)
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(arg.name.encode())) % (1 << 63))
+    t = torch.randint(low, high, shape, generator=gen, dtype=TORCH_DTYPES[arg.dtype])
+    flat = t.view(-1)
+    if flat.numel():
+        flat[0], flat[-1] = low, high - 1
+    return t.to(device)
 
 
 class Case:

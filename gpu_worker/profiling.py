@@ -57,7 +57,8 @@ class Perturber:
     one read and one write per element, every nonzero element moves, signs and special values stay,
     and arguments scaled apart keep scale-invariant kernels (a norm) from reusing an old result. The
     judge's copy (slot.pristine) is rebuilt from the same recipe only when a re-check needs it.
-    Integer inputs get PERTURB elements replaced from another set."""
+    Integer inputs, and float inputs declared `scale = false`, get PERTURB elements replaced from
+    another set."""
 
     def __init__(self, ctx: Context, uniques: list[tuple[dict, dict]]) -> None:
         self.uniques = uniques
@@ -70,7 +71,7 @@ class Perturber:
             if arg.role == "out":
                 continue
             first = uniques[0][0][arg.name]
-            if first.is_floating_point():
+            if first.is_floating_point() and arg.scale:
                 self.scaled.add(arg.name)
             elif first.numel():
                 self.pools[arg.name] = torch.randint(first.numel(), (PERTURB_POOL, PERTURB), generator=gen).to(ctx.device)

@@ -14,8 +14,10 @@ from pydantic import BaseModel, Field
 Target = Literal["cpu", "cuda"]
 Role = Literal["in", "out", "inout"]
 DType = Literal["float32", "float16", "bfloat16"]
+# An argument's dtype: a storage dtype, or an integer one for index-like inputs (positions, token ids).
+ArgDType = Literal["float32", "float16", "bfloat16", "int32", "int64"]
 
-ELEMENT_SIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
+ELEMENT_SIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
 
 
 class ArtifactRef(BaseModel):
@@ -30,11 +32,20 @@ class ArtifactRef(BaseModel):
 
 
 class Argument(BaseModel):
+    """One tensor argument of the kernel's entry point, in call order (docs/kernel-packages.md)."""
+
     name: str
     role: Role
     shape: list[str]
-    dtype: DType | None = None  # None: the run's storage dtype
+    dtype: ArgDType | None = None  # None: the run's storage dtype
     exact: bool = False  # outputs that must match the reference bit for bit (e.g. a residual)
+    # Float inputs only: False keeps the harness from rescaling it (the x0.01 / x100 variants, the
+    # per-call factor of timed calls); for tables whose values mean something (a cos/sin cache).
+    scale: bool = True
+    # Integer inputs only: the valid values, [low, high) as expressions over the shape symbols. The
+    # harness checks make_inputs() against it, or draws the values itself when make_inputs() leaves
+    # the argument out (the edges low and high - 1 included).
+    range: tuple[str, str] | None = None
 
 
 class Tolerance(BaseModel):
@@ -66,6 +77,9 @@ class Shape(BaseModel):
 class ShapeSets(BaseModel):
     test: list[Shape]
     bench: list[Shape]
+    # Shapes the optimizer never times or tests during its search; the best is judged on them at the
+    # end of a run (held-out validation). None declared: kopt.holdout derives some from the bench shapes.
+    holdout: list[Shape] = Field(default_factory=list)
 
 
 class CostModel(BaseModel):

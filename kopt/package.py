@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from kopt import expr
-from kopt.models import KernelSpec, Target
+from kopt.models import Argument, KernelSpec, Target
 
 TUNABLE_LINE = r"^[ \t]*#define[ \t]+{name}[ \t]+(-?\d+)\b"
 
@@ -83,6 +83,33 @@ def _normalise_shapes(raw: dict) -> dict:
     return {**raw, "shapes": shapes}
 
 
+def is_integer(arg: Argument) -> bool:
+    return arg.dtype in ("int32", "int64")
+
+
+def _check_argument(toml_path: Path, field: str, arg: Argument, symbols: set[str]) -> None:
+    """Integer arguments are inputs (indices, positions) with an optional value range; `scale` is
+    for float inputs."""
+    if is_integer(arg) and arg.role != "in":
+        raise PackageError(f"{toml_path}: field '{field}.role': an {arg.dtype} argument must have role 'in' "
+                           f"(outputs are floating point)")  # fmt: skip
+    if arg.range is not None:
+        if not is_integer(arg):
+            raise PackageError(f"{toml_path}: field '{field}.range': only integer arguments (int32, int64) take a "
+                               f"range; this one is {arg.dtype or 'of the run dtype'}")  # fmt: skip
+        for bound in arg.range:
+            try:
+                unknown = expr.names(bound) - symbols
+            except expr.ExprError as exc:
+                raise PackageError(f"{toml_path}: field '{field}.range': {exc}") from None
+            if unknown:
+                raise PackageError(f"{toml_path}: field '{field}.range': unknown symbols {sorted(unknown)} "
+                                   f"(a bound may use the shape symbols {sorted(symbols)})")  # fmt: skip
+    if not arg.scale and (arg.role == "out" or is_integer(arg)):
+        raise PackageError(f"{toml_path}: field '{field}.scale': only float inputs are rescaled; "
+                           f"remove 'scale = false' here")  # fmt: skip
+
+
 def _check_semantics(root: Path, toml_path: Path, spec: KernelSpec) -> None:
     symbols: set[str] = set()
     for i, arg in enumerate(spec.arguments):
@@ -93,6 +120,8 @@ def _check_semantics(root: Path, toml_path: Path, spec: KernelSpec) -> None:
                 raise PackageError(f"{toml_path}: field 'arguments.{i}.shape': {exc}") from None
     if not any(a.role in ("out", "inout") for a in spec.arguments):
         raise PackageError(f"{toml_path}: field 'arguments': no argument has role 'out' or 'inout'")
+    for i, arg in enumerate(spec.arguments):
+        _check_argument(toml_path, f"arguments.{i}", arg, symbols)
     try:
         unknown = expr.names(spec.model.bytes) - symbols - {"elem"}
     except expr.ExprError as exc:
@@ -107,9 +136,9 @@ def _check_semantics(root: Path, toml_path: Path, spec: KernelSpec) -> None:
             raise PackageError(f"{toml_path}: field 'sources.{target}': file {src} not found")
         if target not in spec.shapes:
             raise PackageError(f"{toml_path}: field 'shapes.{target}': no test/bench shapes for target '{target}'")
-        for kind in ("test", "bench"):
+        for kind in ("test", "bench", "holdout"):
             shapes = getattr(spec.shapes[target], kind)
-            if not shapes:
+            if not shapes and kind != "holdout":
                 raise PackageError(f"{toml_path}: field 'shapes.{target}.{kind}': empty")
             for j, shape in enumerate(shapes):
                 missing = symbols - set(shape.dims)
@@ -117,6 +146,10 @@ def _check_semantics(root: Path, toml_path: Path, spec: KernelSpec) -> None:
                     raise PackageError(
                         f"{toml_path}: field 'shapes.{target}.{kind}.{j}': missing symbols {sorted(missing)}"
                     )
+                for i, arg in enumerate(spec.arguments):
+                    if arg.range and not expr.evaluate(arg.range[0], shape.dims) < expr.evaluate(arg.range[1], shape.dims):
+                        raise PackageError(f"{toml_path}: field 'arguments.{i}.range': empty at shapes.{target}.{kind}.{j} "
+                                           f"({shape.label})")  # fmt: skip
         text = src.read_text()
         for tunable in spec.tunables_for(target):
             try:

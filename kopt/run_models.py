@@ -151,6 +151,9 @@ class OptimizeRequest(BaseModel):
     single_agent: bool = False  # one combined agent (the ablation Astra reports)
     patience: int | None = None  # stop after this many rounds without an accepted improvement
     budgets: Budgets = Field(default_factory=Budgets)
+    # Shapes the search never sees: the best is tested and timed on them once, after the last round
+    # (OptimizeResult.holdout). Chosen by kopt.holdout when the request is made.
+    holdout_shapes: list[Shape] = Field(default_factory=list)
     state: RunState | None = None  # set by continue-as-new only
 
 
@@ -168,6 +171,22 @@ class Progress(BaseModel):
     pending_approval: str | None = None  # candidate id waiting for an Approval update
 
 
+class HoldoutResult(BaseModel):
+    """The best judged on shapes the search never tested or timed, against the baseline."""
+
+    candidate_id: str
+    shapes: list[str]
+    correct: bool
+    reason: str | None = None  # why it is not correct, or why no speedup was measured
+    per_shape: list[ShapeSpeedup] = Field(default_factory=list)
+    speedup_geomean: float | None = None
+    speedup_ci: list[float] | None = None
+    verdict: str | None = None  # "faster", "same", "slower" (the A/B rule of the search)
+    search_speedup: float | None = None  # the best's geomean on the search shapes, for comparison
+    overfit: bool = False  # wins on the search shapes, wrong or not faster on the held-out ones
+    regressions: list[str] = Field(default_factory=list)  # held-out (shape, dtype) slower than the baseline
+
+
 class OptimizeResult(BaseModel):
     kernel: str
     target: Target
@@ -182,6 +201,7 @@ class OptimizeResult(BaseModel):
     llm_stopped: bool = False  # stop_reason is an LLM endpoint error no retry could fix (key, model)
     extra_test_shapes: list[Shape] = Field(default_factory=list)  # added by the test designer
     usage: Usage = Field(default_factory=Usage)
+    holdout: HoldoutResult | None = None  # the best on the held-out shapes (runs with holdout_shapes)
 
 
 ResumePoint.model_rebuild()

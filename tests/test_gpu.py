@@ -56,6 +56,15 @@ def test_optimize_cuda_end_to_end(tmp_path):
     shapes = json.loads((folder / "cases.json").read_text())
     checks = int(proc.stdout.split("kopt::silu_and_mul: ")[1].split("/")[0])
     assert checks == 2 * len(shapes["cases"]) * len(shapes["dtypes"])
+    # Its time per call at each bench shape (cold L2, the op's dispatch kept out of the events) against
+    # the harness's time of the same kernel in the run: the same kernel, so the same time within noise.
+    op_times = {(t["shape"], t["dtype"]): t["median_us"]
+                for t in json.loads(proc.stdout.split("TIMINGS_JSON ")[1].splitlines()[0])}  # fmt: skip
+    harness = ({(s["shape"], s["dtype"]): s["candidate_us"] for s in report["best"]["per_shape"]}
+               or {(t["shape"], t["dtype"]): t["median_us"] for t in report["baseline"]["per_shape"]})  # fmt: skip
+    ratios = {k: op_times[k] / harness[k] for k in harness}
+    print("op / harness time per bench shape:", {f"{k[0]} {k[1]}": round(v, 3) for k, v in ratios.items()})
+    assert ratios and all(0.85 < r < 1.15 for r in ratios.values()), ratios
     needle = "silu_mul(to_f32(g.v[k]), to_f32(u.v[k]))"
     src = (folder / "kernel.cu").read_text()
     if needle in src:

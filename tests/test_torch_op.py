@@ -5,6 +5,7 @@ shape and dtype, eagerly and under torch.compile (its own test_op.py, run as a u
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import uuid
@@ -47,7 +48,10 @@ def test_the_best_exported_as_a_torch_op_builds_and_matches_the_reference(tempor
     assert "MISMATCH" not in proc.stdout and "output checks match the reference" in proc.stdout, proc.stdout
     checks = int(proc.stdout.split("kopt::silu_and_mul: ")[1].split("/")[0])
     assert checks == 2 * 2 * len(view.request.package.spec.shapes["cpu"].test)  # shapes x dtypes x (eager, compile)
-    assert float(proc.stdout.split("median call ")[1].split(" us")[0]) > 0
+    timings = json.loads(proc.stdout.split("TIMINGS_JSON ")[1].splitlines()[0])
+    spec = view.request.package.spec
+    assert {(t["shape"], t["dtype"]) for t in timings} == {(s.label, d) for s in spec.shapes["cpu"].bench for d in spec.dtypes}
+    assert all(t["median_us"] > 0 and t["calls"] == 50 for t in timings)
     assert float(proc.stdout.split("build and import ")[1].split(" s")[0]) > 0
     # A wrong kernel in the folder is caught by the same test.
     wrong = view.result.best.source.replace("= silu_mul(", "= 1.5f * silu_mul(")

@@ -57,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
         Approval,
         BestSummary,
         CandidateOutcome,
+        HoldoutResult,
         OptimizeRequest,
         OptimizeResult,
         Progress,
@@ -82,6 +83,10 @@ MAX_EVENTS = 200
 # Plan requests carry the last records in full and a digest of the older ones (kopt.plan_history);
 # histories recorded before this change replay the old path, which sent every record.
 COMPACT_HISTORY_PATCH = "compact-plan-history"
+# Runs started with HOLDOUT_PATCH judge the best, after the last round, on the request's held-out
+# shapes (never tested or timed by the search): OptimizeResult.holdout (docs/decisions/0020).
+HOLDOUT_PATCH = "holdout-shapes"
+HOLDOUT_ROUND = -1  # the (round, slot) the held-out calls' activity ids name
 
 
 
@@ -244,12 +249,68 @@ class OptimizeKernel:
                 workflow.upsert_search_attributes([ROUND_KEY.value_set(rnd),
                                                    BEST_KEY.value_set(state.best_summary.speedup_geomean)])
 
+        holdout = None
+        if req.holdout_shapes and workflow.patched(HOLDOUT_PATCH):
+            holdout = await self._holdout(req, state)
         self._progress.phase = "done"
         return OptimizeResult(kernel=spec.name, target=req.target, gpu_class=req.gpu_class, status="completed",
                               baseline=state.baseline, rounds=state.rounds, best=state.best_summary,
                               segments=state.segment, stop_reason=stop_reason, usage=self._usage,
                               extra_test_shapes=state.extra_test_shapes,
-                              llm_stopped=self._stop is not None and stop_reason == self._stop)
+                              llm_stopped=self._stop is not None and stop_reason == self._stop, holdout=holdout)
+
+    async def _holdout(self, req: OptimizeRequest, state: RunState) -> HoldoutResult:
+        """The best, tested and then timed against the baseline (interleaved A/B) on the held-out
+        shapes. Overfit: the best won on the search shapes and is wrong, or statistically slower than
+        the baseline, on a held-out shape (or over all of them)."""
+        best, summary = state.best, state.best_summary
+        labels = [s.label for s in req.holdout_shapes]
+        result = HoldoutResult(candidate_id=best.id, shapes=labels, correct=False,
+                               search_speedup=summary.speedup_geomean)
+        library = state.best_outcome.compile.library if state.best_outcome.compile else None
+        if library is None:
+            result.reason = "the best's library is not in the run's state"
+            return result
+        self._progress.phase = "holdout"
+        self._event(f"held-out shapes {'; '.join(labels)}: judging the best {best.id}")
+        is_baseline = best.id == req.baseline.id
+        baseline = None if is_baseline else self._baseline_library
+        request = ExecRequest(package=req.package, target=req.target, candidate_id=best.id, library=library,
+                              shapes=req.holdout_shapes, dtypes=req.package.spec.dtypes,
+                              seed=req.seed * 1_000_003 + req.rounds + 1, source=best.source,
+                              baseline_library=baseline, baseline_id=req.baseline.id if baseline else None,
+                              time_cap_s=req.time_cap_s)
+        at = (HOLDOUT_ROUND, 0)
+        tested: TestResult = await workflow.execute_activity("test", request, **self._options("test", req, at))
+        self._usage.device_seconds += tested.seconds
+        if not tested.correct:
+            result.reason = f"wrong at a held-out shape: {tested.reason}"
+            result.overfit = not is_baseline
+            self._event(f"held-out: the best is {result.reason}" + (" (overfit)" if result.overfit else ""))
+            return result
+        result.correct = True
+        if is_baseline:
+            result.reason = "the best is the baseline: correct, nothing to time against"
+            self._event("held-out: the baseline is correct there; no best to compare")
+            return result
+        profiled: ProfileResult = await workflow.execute_activity("profile", request,
+                                                                  **self._options("profile", req, at))
+        self._usage.device_seconds += profiled.seconds
+        if not profiled.ok or profiled.ab is None:
+            result.reason = f"not timed: {profiled.reason or 'no A/B against the baseline'}"
+            self._event(f"held-out: {result.reason}")
+            return result
+        ab = profiled.ab
+        result.per_shape = speedups(profiled, profiled)
+        result.speedup_geomean, result.verdict = ab.speedup_geomean, ab.verdict
+        result.speedup_ci = [ab.ci_low, ab.ci_high] if ab.ci_low is not None else None
+        result.regressions = [f"{s.shape} {s.dtype}" for s in result.per_shape if s.regression()]
+        result.overfit = ab.verdict == "slower" or bool(result.regressions)
+        ci = f" [{ab.ci_low:.3f}, {ab.ci_high:.3f}]" if ab.ci_low is not None else ""
+        self._event(f"held-out: {ab.speedup_geomean:.3f}x{ci} ({ab.verdict}) against {summary.speedup_geomean:.3f}x "
+                    f"on the search shapes" + (f"; OVERFIT: slower at {', '.join(result.regressions)}"
+                                               if result.regressions else "; OVERFIT" if result.overfit else ""))
+        return result
 
     def _stop_reason(self, req: OptimizeRequest, state: RunState) -> str | None:
         if self._stop:

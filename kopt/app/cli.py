@@ -137,6 +137,10 @@ def _parser() -> argparse.ArgumentParser:
     opt.add_argument("--allow-regressions", action="store_true",
                      help="accept a new best even where it is statistically slower than the baseline at some "
                           "(shape, dtype) beyond 2%% (refused by default; the report lists every such shape)")
+    opt.add_argument("--holdout", type=int, default=2, metavar="N",
+                     help="judge the best, after the last round, on shapes the search never saw: the package's "
+                          "[shapes.<target>] holdout list, else N shapes derived from the bench shapes by the "
+                          "seed (default 2; 0: none)")  # fmt: skip
     opt.add_argument("--continue-every", type=int, default=50, help="rounds per history segment")
     opt.add_argument("--rerun", action="store_true",
                      help="start a fresh run even if one with these arguments already ended (new run id)")

@@ -51,6 +51,7 @@ def build_report(run_id: str, temporal_run_id: str, req: OptimizeRequest, res: O
         "best_regressions": [f"{s.shape} {s.dtype}" for s in res.best.per_shape if s.regression()] if res.best
         else [],
         "round_regressions": {r.candidate_id: r.regressions for r in res.rounds if r.regressions},
+        "holdout": res.holdout.model_dump() if res.holdout else None,
     }
 
 
@@ -104,6 +105,7 @@ def render_markdown(report: dict, source_name: str, charts: list[str] | tuple[st
         lines += ["", "Candidates slower than the baseline at some shapes"
                   + (" (allowed):" if report.get("allow_regressions") else " (not eligible as the best):"), ""]
         lines += [f"- `{cid}`: {', '.join(shapes)}" for cid, shapes in report["round_regressions"].items()]
+    lines += holdout_lines(report.get("holdout"))
     captions = {"speedup.png": "per-shape speedup of the best", "sol.png": "% of speed of light",
                 "progress.png": "progress by round"}  # fmt: skip
     if charts:
@@ -117,6 +119,29 @@ def render_markdown(report: dict, source_name: str, charts: list[str] | tuple[st
         lines.append(f"| {r['round']} | {r['description']} | {r['compiled']} | {r['correct']} | {sp} |")
     lines += ["", f"The best source is in `best_{source_name}`; `best.patch` is its diff from the baseline.", ""]
     return "\n".join(lines)
+
+
+def holdout_lines(h: dict | None) -> list[str]:
+    """The report's held-out section: the best on shapes the search never saw, and an overfit flag."""
+    if not h:
+        return []
+    lines = ["", f"## Held-out shapes ({'; '.join(h['shapes'])})", ""]
+    if h.get("overfit"):
+        why = (h.get("reason") if not h["correct"] else
+               f"slower than the baseline at {', '.join(h['regressions'])}" if h.get("regressions")
+               else "slower than the baseline over the held-out shapes")  # fmt: skip
+        lines += [f"**OVERFIT: the best wins on the search shapes but is {why}.**", ""]
+    elif not h["correct"] or h.get("speedup_geomean") is None:
+        lines += [f"{h.get('reason')}", ""]
+    if h.get("speedup_geomean") is not None:
+        ci = f" (95% CI {h['speedup_ci'][0]:.3f}-{h['speedup_ci'][1]:.3f})" if h.get("speedup_ci") else ""
+        search = f"{h['search_speedup']:.3f}x" if h.get("search_speedup") is not None else "-"
+        lines += [f"held-out geomean speedup {h['speedup_geomean']:.3f}x{ci}, {h.get('verdict')}; "
+                  f"on the search shapes {search}", "",
+                  "| shape | dtype | baseline us | best us | speedup |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {s['shape']} | {s['dtype']} | {s['baseline_us']:.2f} | {s['candidate_us']:.2f} | "
+                  f"{s['speedup']:.3f} |" for s in h["per_shape"]]
+    return lines
 
 
 def write_report(report_dir: Path, report: dict, baseline_source: str, best_source: str, source_name: str) -> Path:

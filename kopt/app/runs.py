@@ -25,6 +25,7 @@ from kopt.artifacts import ArtifactStore
 from kopt.candidates import candidate_id
 from kopt.errors import RunFailed, UsageError
 from kopt.gpu_classes import KNOWN_GPU_CLASSES
+from kopt.holdout import holdout_shapes
 from kopt.models import Candidate, PackageRef
 from kopt.package import PackageError, load_spec, read_tunables
 from kopt.app.report import build_report, write_report
@@ -86,6 +87,9 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    holdout = getattr(args, "holdout", 0)
+    if holdout < 0:
+        raise UsageError(f"--holdout must be >= 0, got {holdout}")
     min_gain = getattr(args, "min_gain", None)
     if min_gain is not None and not 0 <= min_gain < 1:
         raise UsageError(f"--min-gain must be in [0, 1), got {min_gain}")
@@ -109,7 +113,8 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
                                   "allow_regressions": getattr(args, "allow_regressions", False),
                                   "candidates_per_round": args.candidates, "single_agent": args.single_agent,
                                   "patience": args.patience, "budgets": budgets,
-                                  "min_gain": req.min_gain if min_gain is None else min_gain})
+                                  "min_gain": req.min_gain if min_gain is None else min_gain,
+                                  "holdout_shapes": holdout_shapes(req.package.spec, req.target, req.seed, holdout)})
 
 
 def workflow_id(req: OptimizeRequest) -> str:
@@ -216,6 +221,12 @@ async def run_optimization(req: OptimizeRequest | None, kernel_dir: Path | None,
         best = result.best
         say(f"best: {best.candidate_id} (round {best.round}) geomean speedup {best.speedup_geomean:.3f}x over "
             f"the baseline")
+        h = result.holdout
+        if h is not None:
+            shown = (f"{h.speedup_geomean:.3f}x ({h.verdict})" if h.speedup_geomean is not None
+                     else h.reason or ("correct" if h.correct else "not correct"))  # fmt: skip
+            say(f"held-out shapes {'; '.join(h.shapes)}: {shown}" + (" -- OVERFIT (report: Held-out shapes)"
+                                                                       if h.overfit else ""))
         say(f"report: {target_dir / 'report.json'} and report.md")
         if result.llm_stopped:  # the report holds the best so far; the reason needs a person
             raise RunFailed(f"run {wf_id} stopped early: {result.stop_reason}")

@@ -136,8 +136,43 @@ def arguments(case, dtype):
             out_dtype = getattr(torch, a["dtype"]) if a["dtype"] else dtype
             args[a["name"]] = torch.zeros(case["shapes"][a["name"]], dtype=out_dtype, device=DEVICE)
         else:
+            if a["name"] not in inputs:  # an integer input kopt draws from its kernel.toml range
+                low, high = case["ranges"][a["name"]]
+                gen = torch.Generator().manual_seed(0)
+                t = torch.randint(low, high, case["shapes"][a["name"]], generator=gen, dtype=getattr(torch, a["dtype"]))
+                inputs[a["name"]] = t.to(DEVICE)
             args[a["name"]] = inputs[a["name"]].clone()
     return inputs, args
+
+
+def timed(case, dname, calls=50):
+    """Median time of one call at a bench shape. CUDA: the L2 overwritten before each call and a
+    sleep queued ahead of it, so the events hold the kernel's device time and not the host's
+    dispatch (the harness's cold mode); CPU: wall clock."""
+    _, kw = arguments(case, getattr(torch, dname))
+    for _ in range(5):
+        op.@NAME@(**kw)  # warm-up
+    times = []
+    if DEVICE == "cuda":
+        flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8, device=DEVICE)
+        for _ in range(calls):
+            flush.zero_()
+            torch.cuda._sleep(100_000)  # ~50 us of GPU time: the op is queued before the GPU gets to it
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            op.@NAME@(**kw)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        how = "CUDA events, cold L2"
+    else:
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            op.@NAME@(**kw)
+            times.append((time.perf_counter() - t0) * 1e6)
+        how = "wall clock, warm"
+    label = ",".join(f"{k}={v}" for k, v in case["dims"].items())
+    return {"shape": label, "dtype": dname, "median_us": statistics.median(times), "calls": calls, "how": how}
 
 
 def main() -> int:
@@ -164,29 +199,14 @@ def main() -> int:
                     if not (within or (bound is not None and worst <= bound)):
                         failures.append(f"{case['dims']} {dname} {how} {name}: max |err| {worst:.3g} "
                                         f"(bound {bound})")
-    last = CASES["cases"][-1]
-    _, kw = arguments(last, getattr(torch, CASES["dtypes"][0]))
-    times = []
-    for _ in range(5):
-        op.@NAME@(**kw)  # warm-up
-    for _ in range(50):
-        if DEVICE == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            op.@NAME@(**kw)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        else:
-            t0 = time.perf_counter()
-            op.@NAME@(**kw)
-            times.append((time.perf_counter() - t0) * 1e6)
-    how = "CUDA events, warm L2" if DEVICE == "cuda" else "wall clock, warm"
     for f in failures:
         print(f"MISMATCH {f}")
-    print(f"kopt::@NAME@: {n - len(failures)}/{n} output checks match the reference; median call "
-          f"{statistics.median(times):.1f} us at {last['dims']} {CASES['dtypes'][0]} ({how}); "
-          f"build and import {BUILD_S:.1f} s")
+    print(f"kopt::@NAME@: {n - len(failures)}/{n} output checks match the reference; build and import "
+          f"{BUILD_S:.1f} s")
+    timings = [timed(case, dname) for case in CASES["bench"] for dname in CASES["dtypes"]]
+    for t in timings:
+        print(f"timed {t['shape']} {t['dtype']}: median {t['median_us']:.2f} us over {t['calls']} calls ({t['how']})")
+    print("TIMINGS_JSON " + json.dumps(timings))
     return 1 if failures else 0
 
 
@@ -262,7 +282,11 @@ def _cases(view: RunView) -> dict:
     for r in view.rounds:
         if r.candidate_id == best.candidate_id and r.test is not None:
             checks = {(c.shape, c.dtype): c for c in r.test.checks if not c.variant}
-    cases = []
+    cases, bench = [], []
+    for shape in spec.shapes[req.target].bench:
+        dims = dict(shape.dims)
+        bench.append({"dims": dims, "shapes": {a.name: [int(expr.evaluate(s, dims)) for s in a.shape] for a in spec.arguments},
+                      "ranges": {a.name: [int(expr.evaluate(b, dims)) for b in a.range] for a in spec.arguments if a.range}})  # fmt: skip
     for shape in spec.shapes[req.target].test:
         dims = dict(shape.dims)
         shapes = {a.name: [int(expr.evaluate(s, dims)) for s in a.shape] for a in spec.arguments}
@@ -274,8 +298,9 @@ def _cases(view: RunView) -> dict:
                 for a in spec.arguments:
                     if a.role in ("out", "inout"):
                         bounds[f"{a.name}/{d}"] = c.error_bound
-        cases.append({"dims": dims, "shapes": shapes, "bounds": bounds})
+        ranges = {a.name: [int(expr.evaluate(b, dims)) for b in a.range] for a in spec.arguments if a.range}
+        cases.append({"dims": dims, "shapes": shapes, "bounds": bounds, "ranges": ranges})
     tol = {d: spec.tolerances[d].model_dump() if d in spec.tolerances else {"rtol": 1.3e-6, "atol": 1e-5}
            for d in spec.dtypes}  # fmt: skip
     return {"arguments": [{"name": a.name, "role": a.role, "dtype": a.dtype} for a in spec.arguments],
-            "dtypes": list(spec.dtypes), "tolerance": tol, "cases": cases}  # fmt: skip
+            "dtypes": list(spec.dtypes), "tolerance": tol, "cases": cases, "bench": bench}  # fmt: skip
