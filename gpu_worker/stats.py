@@ -169,6 +169,19 @@ def geomean_interval(ratios: list[Ratio], confidence: float = CONFIDENCE) -> tup
     return point, low, high
 
 
+def weighted_time_interval(ratios: list[Ratio], baseline_us: list[float], weights: list[float],
+                           confidence: float = CONFIDENCE) -> tuple[float, float, float]:  # fmt: skip
+    """(speedup, low, high) of the workload-weighted time: sum(w * baseline) / sum(w * baseline /
+    speedup) over the (shape, dtype) pairs, with each pair's replicates as its uncertainty."""
+    w = torch.tensor([wi * bi for wi, bi in zip(weights, baseline_us)], dtype=torch.float64)
+    total = float(w.sum())
+    point = total / sum(float(wi) / r.speedup for wi, r in zip(w, ratios))
+    reps = torch.stack([r.replicates for r in ratios])  # (pairs, REPLICATES)
+    speedups = total / (w[:, None] / reps).sum(dim=0)
+    low, high = _interval(speedups, confidence)
+    return point, low, high
+
+
 def verdict(low: float, high: float, noise_floor: float) -> str:
     """"faster" only when the interval's low end clears 1 by more than the noise floor."""
     if low > 1 + noise_floor:

@@ -1,7 +1,8 @@
 """Held-out shapes: problem sizes a run's search never tests or times, on which the best is judged
 once after the last round (docs/decisions/0020-held-out-shapes.md).
 
-The package's own `[shapes.<target>] holdout` list when it declares one; otherwise `count` shapes
+With a workload, `count` of its shapes (split_workload). Else the package's own
+`[shapes.<target>] holdout` list when it declares one; otherwise `count` shapes
 derived from the bench shapes by the run's seed: each symbol of a bench shape scaled by a factor
 drawn log-uniformly in [1/SPAN, SPAN], kept no larger in elements than the largest bench shape (so
 the held-out run fits where the search ran), and different from every test and bench shape.
@@ -17,6 +18,18 @@ from kopt.models import KernelSpec, Shape, Target
 
 SPAN = 3.0
 TRIES = 50
+
+
+def split_workload(workload: list[Shape], seed: int, count: int) -> tuple[list[Shape], list[Shape]]:
+    """(search shapes, held-out shapes) of a workload: `count` of its shapes (at most a third of
+    them, none when it has fewer than 3) chosen by the seed and kept out of the search."""
+    n = min(count, len(workload) // 3)
+    if n <= 0:
+        return list(workload), []
+    rng = random.Random(f"workload/{seed}")
+    held = set(rng.sample(range(len(workload)), n))
+    return ([s for i, s in enumerate(workload) if i not in held],
+            [s for i, s in enumerate(workload) if i in held])  # fmt: skip
 
 
 def holdout_shapes(spec: KernelSpec, target: Target, seed: int, count: int) -> list[Shape]:

@@ -68,6 +68,9 @@ class Shape(BaseModel):
     """One problem size: values for the package's shape symbols, e.g. {"T": 512, "D": 14336}."""
 
     dims: dict[str, int]
+    # Share of the workload (relative; kopt.workload): with weights, a profile's objective is the
+    # workload-weighted time instead of the geomean over shapes. None: an unweighted shape.
+    weight: float | None = Field(default=None, gt=0)
 
     @property
     def label(self) -> str:
@@ -356,9 +359,12 @@ class ShapeAB(BaseModel):
 class ABResult(BaseModel):
     baseline_id: str | None = None
     per_shape: list[ShapeAB] = Field(default_factory=list)
+    # The objective's speedup over the shapes: their geomean, or with weighted shapes (a workload)
+    # baseline time / candidate time summed over the shapes by weight ("objective").
     speedup_geomean: float | None = None
-    ci_low: float | None = None  # 95% bootstrap interval of the geomean speedup
+    ci_low: float | None = None  # 95% bootstrap interval of that speedup
     ci_high: float | None = None
+    objective: Literal["geomean", "workload"] = "geomean"
     confidence: float = 0.95
     noise_floor: float = 0.0
     verdict: Literal["faster", "slower", "same"] = "same"

@@ -154,6 +154,9 @@ class OptimizeRequest(BaseModel):
     # Shapes the search never sees: the best is tested and timed on them once, after the last round
     # (OptimizeResult.holdout). Chosen by kopt.holdout when the request is made.
     holdout_shapes: list[Shape] = Field(default_factory=list)
+    # Weighted shapes (kopt.workload) timed instead of the package's bench shapes; the profile's
+    # objective is then the workload-weighted time. Empty: the bench shapes and their geomean.
+    workload: list[Shape] = Field(default_factory=list)
     state: RunState | None = None  # set by continue-as-new only
 
 

@@ -638,7 +638,7 @@ class OptimizeKernel:
         tested: TestResult = await run_exec("test", [*shapes.test, *extra_shapes])
         outcome.test, outcome.correct = tested, tested.correct
         if tested.correct:
-            outcome.profile = await run_exec("profile", shapes.bench)
+            outcome.profile = await run_exec("profile", req.workload or shapes.bench)
         return outcome
 
 

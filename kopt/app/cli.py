@@ -137,10 +137,14 @@ def _parser() -> argparse.ArgumentParser:
     opt.add_argument("--allow-regressions", action="store_true",
                      help="accept a new best even where it is statistically slower than the baseline at some "
                           "(shape, dtype) beyond 2%% (refused by default; the report lists every such shape)")
+    opt.add_argument("--workload", type=Path, default=None, metavar="FILE",
+                     help="time and optimize for the shapes a model really calls the kernel at, by weight "
+                          "(TOML or CSV; `kopt workload from-trace` writes one): the objective is the "
+                          "workload-weighted time instead of the geomean over the bench shapes")  # fmt: skip
     opt.add_argument("--holdout", type=int, default=2, metavar="N",
                      help="judge the best, after the last round, on shapes the search never saw: the package's "
                           "[shapes.<target>] holdout list, else N shapes derived from the bench shapes by the "
-                          "seed (default 2; 0: none)")  # fmt: skip
+                          "seed, or with --workload N of its shapes kept out of the search (default 2; 0: none)")  # fmt: skip
     opt.add_argument("--continue-every", type=int, default=50, help="rounds per history segment")
     opt.add_argument("--rerun", action="store_true",
                      help="start a fresh run even if one with these arguments already ended (new run id)")
@@ -228,6 +232,19 @@ def _parser() -> argparse.ArgumentParser:
         sch_sub.add_parser(name, help=text).add_argument("name")
     sch.set_defaults(func=_cmd_schedule)
 
+    wl = sub.add_parser("workload", help="workloads: the shapes a model calls a kernel at, by weight")
+    wl_sub = wl.add_subparsers(dest="workload_action", required=True)
+    ft = wl_sub.add_parser("from-trace", help="count a kernel's calls by shape in a torch profiler trace (chrome "
+                                              "JSON, recorded with record_shapes=True) and write a workload CSV")
+    ft.add_argument("trace", type=Path)
+    ft.add_argument("kernel_dir", type=Path, help="the kernel package (its arguments, in order, name the op's inputs)")
+    ft.add_argument("--op", required=True, help="the op's name in the trace, e.g. kopt::silu_and_mul")
+    ft.add_argument("-o", "--output", type=Path, required=True, help="the workload CSV to write")
+    show = wl_sub.add_parser("show", help="the weighted shapes a workload file gives for a package")
+    show.add_argument("workload", type=Path)
+    show.add_argument("kernel_dir", type=Path)
+    wl.set_defaults(func=_cmd_workload)
+
     wk = sub.add_parser("worker", help="run a worker of one role against a Temporal server")
     wk.add_argument("--role", required=True, choices=["workflows", "agents", "build", "exec"])
     wk.add_argument("--toolchain", action="append", help="build role: toolchain name(s); default all local ones")
@@ -273,6 +290,26 @@ async def _cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
 
     return await verify(args.kernel_dir, args.candidate, args.target, args.flags, args.baseline, args.junit, args.json,
                         args.max_slowdown)
+
+
+async def _cmd_workload(args: argparse.Namespace, settings: Settings) -> int:
+    from kopt.package import PackageError, load_spec
+    from kopt.workload import WorkloadError, load_workload, shapes_from_trace, write_csv
+
+    try:
+        spec = load_spec(args.kernel_dir)
+        if args.workload_action == "from-trace":
+            counts = shapes_from_trace(args.trace, args.op, spec)
+            out = write_csv(counts, spec, args.output)
+            print(f"{sum(counts.values())} calls of {args.op} at {len(counts)} shapes -> {out}")
+            shapes = load_workload(out, spec)
+        else:
+            shapes = load_workload(args.workload, spec)
+    except (PackageError, WorkloadError) as exc:
+        raise UsageError(str(exc)) from None
+    for s in shapes:
+        print(f"  {s.label:32s} weight {s.weight:.4f}")
+    return EXIT_OK
 
 
 async def _cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:

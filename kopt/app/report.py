@@ -52,6 +52,9 @@ def build_report(run_id: str, temporal_run_id: str, req: OptimizeRequest, res: O
         else [],
         "round_regressions": {r.candidate_id: r.regressions for r in res.rounds if r.regressions},
         "holdout": res.holdout.model_dump() if res.holdout else None,
+        # The search's objective: the geomean over the bench shapes, or the workload-weighted time.
+        "objective": "workload" if req.workload else "geomean",
+        "workload": [{"shape": s.label, "weight": s.weight} for s in req.workload],
     }
 
 
@@ -88,8 +91,9 @@ def render_markdown(report: dict, source_name: str, charts: list[str] | tuple[st
     lines.append("")
     best = report["best"]
     if best:
+        what = "workload-weighted speedup" if report.get("objective") == "workload" else "geomean speedup"
         lines += [f"## Best: `{best['candidate_id']}` (round {best['round']}), "
-                  f"geomean speedup {best['speedup_geomean']:.3f}x"
+                  f"{what} {best['speedup_geomean']:.3f}x"
                   + (f" (95% CI {best['speedup_ci'][0]:.3f}-{best['speedup_ci'][1]:.3f})" if best.get("speedup_ci")
                      else ""), "",
                   f"flags: `{' '.join(best['flags'])}`, tunables: `{best['tunables']}`", "",
@@ -105,6 +109,9 @@ def render_markdown(report: dict, source_name: str, charts: list[str] | tuple[st
         lines += ["", "Candidates slower than the baseline at some shapes"
                   + (" (allowed):" if report.get("allow_regressions") else " (not eligible as the best):"), ""]
         lines += [f"- `{cid}`: {', '.join(shapes)}" for cid, shapes in report["round_regressions"].items()]
+    if report.get("workload"):
+        lines += ["", "Workload (timed shapes by weight): "
+                  + ", ".join(f"{w['shape']} {w['weight']:.3f}" for w in report["workload"])]
     lines += holdout_lines(report.get("holdout"))
     captions = {"speedup.png": "per-shape speedup of the best", "sol.png": "% of speed of light",
                 "progress.png": "progress by round"}  # fmt: skip
@@ -136,7 +143,7 @@ def holdout_lines(h: dict | None) -> list[str]:
     if h.get("speedup_geomean") is not None:
         ci = f" (95% CI {h['speedup_ci'][0]:.3f}-{h['speedup_ci'][1]:.3f})" if h.get("speedup_ci") else ""
         search = f"{h['search_speedup']:.3f}x" if h.get("search_speedup") is not None else "-"
-        lines += [f"held-out geomean speedup {h['speedup_geomean']:.3f}x{ci}, {h.get('verdict')}; "
+        lines += [f"held-out speedup {h['speedup_geomean']:.3f}x{ci}, {h.get('verdict')}; "
                   f"on the search shapes {search}", "",
                   "| shape | dtype | baseline us | best us | speedup |", "| --- | --- | --- | --- | --- |"]
         lines += [f"| {s['shape']} | {s['dtype']} | {s['baseline_us']:.2f} | {s['candidate_us']:.2f} | "

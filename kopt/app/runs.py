@@ -25,7 +25,7 @@ from kopt.artifacts import ArtifactStore
 from kopt.candidates import candidate_id
 from kopt.errors import RunFailed, UsageError
 from kopt.gpu_classes import KNOWN_GPU_CLASSES
-from kopt.holdout import holdout_shapes
+from kopt.holdout import holdout_shapes, split_workload
 from kopt.models import Candidate, PackageRef
 from kopt.package import PackageError, load_spec, read_tunables
 from kopt.app.report import build_report, write_report
@@ -90,6 +90,14 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
     holdout = getattr(args, "holdout", 0)
     if holdout < 0:
         raise UsageError(f"--holdout must be >= 0, got {holdout}")
+    workload, held = [], holdout_shapes(req.package.spec, req.target, req.seed, holdout)
+    if getattr(args, "workload", None) is not None:
+        from kopt.workload import WorkloadError, load_workload
+
+        try:
+            workload, held = split_workload(load_workload(args.workload, req.package.spec), req.seed, holdout)
+        except WorkloadError as exc:
+            raise UsageError(str(exc)) from None
     min_gain = getattr(args, "min_gain", None)
     if min_gain is not None and not 0 <= min_gain < 1:
         raise UsageError(f"--min-gain must be in [0, 1), got {min_gain}")
@@ -114,7 +122,7 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
                                   "candidates_per_round": args.candidates, "single_agent": args.single_agent,
                                   "patience": args.patience, "budgets": budgets,
                                   "min_gain": req.min_gain if min_gain is None else min_gain,
-                                  "holdout_shapes": holdout_shapes(req.package.spec, req.target, req.seed, holdout)})
+                                  "holdout_shapes": held, "workload": workload})
 
 
 def workflow_id(req: OptimizeRequest) -> str:
@@ -219,8 +227,8 @@ async def run_optimization(req: OptimizeRequest | None, kernel_dir: Path | None,
         write_report(target_dir, report, req.baseline.source, result.best.source if result.best else req.baseline.source,
                      name)
         best = result.best
-        say(f"best: {best.candidate_id} (round {best.round}) geomean speedup {best.speedup_geomean:.3f}x over "
-            f"the baseline")
+        say(f"best: {best.candidate_id} (round {best.round}) {'workload-weighted' if req.workload else 'geomean'} "
+            f"speedup {best.speedup_geomean:.3f}x over the baseline")
         h = result.holdout
         if h is not None:
             shown = (f"{h.speedup_geomean:.3f}x ({h.verdict})" if h.speedup_geomean is not None
