@@ -225,17 +225,19 @@ def test_good_two_round_run(temporal_server, settings, llm_env):
     # Activities in order, each on its queue.
     names = [c.activity for c in run.view_calls()]
     assert names == ["design_tests", "compile", "test", "profile",
-                     *["analyze", "plan", "code", "compile", "test", "profile"] * 2]
+                     *["analyze", "plan", "code", "compile", "test", "profile"] * 2,
+                     "test", "profile"]  # the best on the held-out shapes, after the last round
 
     # Round 0: the test designer's valid shape is added to every test, the invalid one is rejected.
     zero = run.view.rounds[0]
     design_out = zero.calls[0].result
     assert [s.dims for s in design_out.review.accepted] == [{"N": 7}]
     assert len(design_out.review.rejected) == 1 and "N=0 is outside [1, 1000]" in design_out.review.rejected[0]
-    tests = [c for c in run.view_calls() if c.activity == "test"]
+    *tests, held_out = [c for c in run.view_calls() if c.activity == "test"]
     for t in tests:
         labels = [s.dims for s in t.input.shapes]
         assert labels == [{"N": 1}, {"N": 1000}, {"N": 7}], labels
+    assert held_out.input.shapes == run.req.holdout_shapes and len(run.req.holdout_shapes) == 2
     (designer,) = zero.llm_calls
     assert designer.role == "test_designer" and matches_wire(designer, srv.requests[0])
     assert designer.response_text == json.dumps(DESIGN)
@@ -394,7 +396,8 @@ def test_compile_error_gets_one_repair_turn(temporal_server, settings, llm_env):
     check_common(run, srv)
     assert [role_of(r) for r in srv.requests] == ["test_designer", "analyst", "planner", "coder", "repair"]
     names = [c.activity for c in run.view_calls()]
-    assert names[4:] == ["analyze", "plan", "code", "compile", "repair", "compile", "test", "profile"]
+    assert names[4:] == ["analyze", "plan", "code", "compile", "repair", "compile", "test", "profile",
+                         "test", "profile"]  # the last two: the best on the held-out shapes
     compiles = [c for c in run.view_calls() if c.activity == "compile"]
     failed, fixed = compiles[1].result, compiles[2].result
     assert not failed.ok and "undeclared_helper" in failed.log_tail and fixed.ok
@@ -457,7 +460,7 @@ def test_two_candidates_per_round_offline(temporal_server, settings, llm_env):
     assert sum(r.accepted for r in res.rounds if r.round == 1) <= 1
     names = [c.activity for c in run.view_calls()]
     assert names.count("plan") == names.count("code") == 4 and names.count("compile") == 5
-    assert names.count("test") == 5 and "analyze" not in names and "design_tests" not in names
+    assert names.count("test") == 5 + 1 and "analyze" not in names and "design_tests" not in names  # + held-out
     # One history view per candidate, each with its own compile, test and profile.
     assert [(v.round, v.candidate_id) for v in run.view.rounds[1:]] == [(r.round, r.candidate_id) for r in res.rounds]
     for view in run.view.rounds[1:]:
