@@ -152,3 +152,18 @@ def test_make_inputs_outside_the_declared_range_is_a_clear_error(pkg, libs):
     result = asyncio.run(runner.run_test(_request(spec), libs["baseline"], pkg, spec))
     assert not result.correct
     assert "make_inputs() gave 'positions' values in [1, 1], outside its kernel.toml range [0, 1)" in result.reason
+
+
+@pytest.mark.slow
+def test_a_generator_that_ignores_special_is_named(pkg, libs):
+    """make_inputs(special=True) that plants nothing makes the 'special' checks ordinary ones; the
+    result says so (one that plants values gets no such note: test_packages_extra)."""
+    _edit(pkg / "reference.py", "def make_inputs(dims, dtype, seed, device):",
+          "def make_inputs(dims, dtype, seed, device, special=False):")
+    spec = load_spec(pkg)
+    result = asyncio.run(runner.run_test(_request(spec), libs["baseline"], pkg, spec))
+    assert result.correct, result.reason
+    assert any(c.variant == "special" for c in result.variant_checks)
+    assert any("accepts special=True but returns the same inputs" in n for n in result.notes), result.notes
+    plain = asyncio.run(runner.run_test(_request(spec), libs["baseline"], ROTARY, load_spec(ROTARY)))
+    assert not any("special" in n for n in plain.notes) and not any(c.variant == "special" for c in plain.variant_checks)
