@@ -20,7 +20,7 @@ from gpu_worker.abi import Packed
 from gpu_worker.plan import CaseSpec
 from kopt import expr
 from kopt.models import Argument
-from kopt.package import is_integer
+from kopt.package import is_integer, value_range
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                 "int32": torch.int32, "int64": torch.int64}
@@ -142,11 +142,6 @@ def generate(ref: ModuleType, args: list[Argument], cs: CaseSpec, seed: int, dev
             t = (t.double() * cs.scale).to(t.dtype)
         out[arg.name] = t.contiguous().clone()
     return out
-
-
-def value_range(arg: Argument, dims: dict[str, int]) -> tuple[int, int]:
-    assert arg.range is not None
-    return int(expr.evaluate(arg.range[0], dims)), int(expr.evaluate(arg.range[1], dims))
 
 
 def draw_integers(arg: Argument, shape: list[int], dims: dict[str, int], seed: int, device: str) -> torch.Tensor:

@@ -11,6 +11,7 @@ them, or without a baseline where the candidate accepts the shape.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -34,25 +35,24 @@ class GroupOutcome:
     bound: float | None = None
 
 
-def special_differs(ctx: Context, shape, dtype: str) -> bool:
-    """Whether make_inputs(special=True) plants anything: its inputs differ from the same seed's
-    without it (bit for bit, NaN included)."""
+def special_differs(ctx: Context, dtype: str) -> bool:
+    """Whether make_inputs(special=True) plants anything: at the job's smallest shape, its inputs
+    differ from the same seed's without it (bit for bit, NaN included)."""
+    shape = min(ctx.job.shapes, key=lambda s: math.prod(s.dims.values()))
     dims = tuple(shape.dims.items())
     try:
-        plain = generate(ctx.ref, ctx.job.spec.arguments, plan.CaseSpec(dims, dtype), 1, ctx.device.type)
-        marked = generate(ctx.ref, ctx.job.spec.arguments, plan.CaseSpec(dims, dtype, special=True), 1,
-                          ctx.device.type)  # fmt: skip
+        plain, marked = (generate(ctx.ref, ctx.job.spec.arguments, plan.CaseSpec(dims, dtype, special=flag), 1,
+                                  ctx.device.type) for flag in (False, True))  # fmt: skip
     except Exception:  # noqa: BLE001 - a generator that fails is reported by the checks themselves
         return True
-    return any(not torch.equal(plain[k].view(-1).view(torch.uint8) if plain[k].numel() else plain[k],
-                               marked[k].view(-1).view(torch.uint8) if marked[k].numel() else marked[k])
-               for k in plain)  # fmt: skip
+    bits = {k: (plain[k].reshape(-1).view(torch.uint8), marked[k].reshape(-1).view(torch.uint8)) for k in plain}
+    return any(not torch.equal(a, b) for a, b in bits.values())
 
 
 def run_test(ctx: Context) -> TestResult:
     job = ctx.job
     special = supports_special(ctx.ref)
-    if special and job.shapes and job.dtypes and not special_differs(ctx, job.shapes[0], job.dtypes[0]):
+    if special and job.shapes and job.dtypes and not special_differs(ctx, job.dtypes[0]):
         ctx.notes.append("reference.py: make_inputs() accepts special=True but returns the same inputs without it: "
                          "its 'special' checks test no special values")  # fmt: skip
     groups = plan.test_plan(job.spec, job.target, job.shapes, job.dtypes, job.trials, job.edge_shapes, special)

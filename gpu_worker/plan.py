@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from kopt import expr
 from kopt.models import KernelSpec, Shape
+from kopt.package import shape_symbols
 
 # Elements over all arguments: edge shapes stay under EDGE_BUDGET, scale and layout variants
 # run on declared shapes under VARIANT_BUDGET (CPU kernels are single-threaded and slow).
@@ -52,17 +53,6 @@ class Group:
     @property
     def key(self) -> str:
         return " ".join(p for p in (self.label, self.dtype, self.variant) if p)
-
-
-def symbols(spec: KernelSpec) -> list[str]:
-    """Shape symbols in order of first appearance in the argument list."""
-    out: list[str] = []
-    for arg in spec.arguments:
-        for dim in arg.shape:
-            for name in sorted(expr.names(dim)):
-                if name not in out:
-                    out.append(name)
-    return out
 
 
 def arg_shapes(spec: KernelSpec, dims: dict[str, int]) -> list[list[int]]:
@@ -107,7 +97,7 @@ def edge_shapes(spec: KernelSpec, declared: list[Shape], target: str) -> list[di
     """Edge shapes derived from the declared ones: all ones, one symbol at a time set to 1 (1 row)
     and to every value 2..SMALL_SIZES, and every symbol a prime near its value; valid, under the
     budget, not already declared."""
-    syms = symbols(spec)
+    syms = shape_symbols(spec)
     budget = EDGE_BUDGET.get(target, EDGE_BUDGET["cuda"])
     fitting = [s.dims for s in declared if valid(spec, s.dims) and elements(spec, s.dims) <= budget]
     base = max(fitting, key=lambda d: elements(spec, d)) if fitting else None

@@ -193,8 +193,7 @@ def _run_profile(ctx: Context, copy_bw: float) -> ProfileResult:
     )  # fmt: skip
     cold = timing.ColdL2(ctx.device) if ctx.cuda else None
     monitor = Monitor(ctx.nvml)
-    ratios, per_shape = [], []
-    weights, base_us = [], []  # per ratio: its shape's workload weight (split over dtypes), baseline median
+    ratios, per_shape = [], []  # parallel: one per (shape, dtype) timed against the baseline
     resumed = 0
     for shape in job.shapes:
         for dtype in job.dtypes:
@@ -207,8 +206,6 @@ def _run_profile(ctx: Context, copy_bw: float) -> ProfileResult:
                     per_shape.append(done.ab)
                     ratios.append(stats.Ratio.from_interval(done.ab.speedup, done.ab.ci_low, done.ab.ci_high,
                                                             seed=len(ratios)))  # fmt: skip
-                    weights.append((shape.weight or 1.0) / len(job.dtypes))
-                    base_us.append(done.ab.baseline_us)
                 continue
             ctx.progress(key)
             monitor.reset()
@@ -247,8 +244,6 @@ def _run_profile(ctx: Context, copy_bw: float) -> ProfileResult:
                 r = stats.ratio_of_medians(list(base.stats.values), list(st.values), seed=len(ratios),
                                            base_blocks=base.stats.blocks, cand_blocks=st.blocks)  # fmt: skip
                 ratios.append(r)
-                weights.append((shape.weight or 1.0) / len(job.dtypes))
-                base_us.append(base.stats.median_us)
                 shape_ab = ShapeAB(
                     shape=shape.label, dtype=dtype, mode=cand.mode, baseline_us=base.stats.median_us,
                     candidate_us=st.median_us, speedup=r.speedup, ci_low=r.low, ci_high=r.high,
@@ -260,8 +255,10 @@ def _run_profile(ctx: Context, copy_bw: float) -> ProfileResult:
         ctx.notes.append(f"resumed: {resumed} shape(s) timed by an earlier attempt of this job were not timed again")
     if ratios:
         workload = any(s.weight is not None for s in job.shapes)
-        if workload:
-            g, lo, hi = stats.weighted_time_interval(ratios, base_us, weights)
+        if workload:  # each shape's weight shared by its dtypes
+            weight = {s.label: (s.weight or 1.0) / len(job.dtypes) for s in job.shapes}
+            g, lo, hi = stats.weighted_time_interval(ratios, [a.baseline_us for a in per_shape],
+                                                     [weight[a.shape] for a in per_shape])  # fmt: skip
         else:
             g, lo, hi = stats.geomean_interval(ratios)
         floor = max(job.noise_floor, stats.MIN_NOISE_FLOOR[job.target])

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 import random
 
-from kopt import expr
 from kopt.models import KernelSpec, Shape, Target
+from kopt.package import empty_range
 
 SPAN = 3.0
 TRIES = 50
@@ -51,7 +51,7 @@ def holdout_shapes(spec: KernelSpec, target: Target, seed: int, count: int) -> l
             k = max(dims, key=lambda name: dims[name])
             dims[k] = max(1, dims[k] // 2)
         key = tuple(sorted(dims.items()))
-        if key in seen or not _ranges_hold(spec, dims):
+        if key in seen or empty_range(spec, dims) is not None:
             continue
         seen.add(key)
         out.append(Shape(dims=dims))
@@ -61,6 +61,3 @@ def holdout_shapes(spec: KernelSpec, target: Target, seed: int, count: int) -> l
 def _size(dims: dict[str, int]) -> int:
     return math.prod(dims.values())
 
-
-def _ranges_hold(spec: KernelSpec, dims: dict[str, int]) -> bool:
-    return all(expr.evaluate(a.range[0], dims) < expr.evaluate(a.range[1], dims) for a in spec.arguments if a.range)

@@ -87,6 +87,31 @@ def is_integer(arg: Argument) -> bool:
     return arg.dtype in ("int32", "int64")
 
 
+def shape_symbols(spec: KernelSpec) -> list[str]:
+    """Shape symbols in order of first appearance in the argument list."""
+    out: list[str] = []
+    for arg in spec.arguments:
+        for dim in arg.shape:
+            out += [name for name in sorted(expr.names(dim)) if name not in out]
+    return out
+
+
+def value_range(arg: Argument, dims: dict[str, int]) -> tuple[int, int]:
+    """An integer argument's [low, high) at a shape (kernel.toml `range`)."""
+    assert arg.range is not None
+    return int(expr.evaluate(arg.range[0], dims)), int(expr.evaluate(arg.range[1], dims))
+
+
+def empty_range(spec: KernelSpec, dims: dict[str, int]) -> Argument | None:
+    """The first argument whose value range holds no value at this shape, if any."""
+    for arg in spec.arguments:
+        if arg.range is not None:
+            low, high = value_range(arg, dims)
+            if low >= high:
+                return arg
+    return None
+
+
 def _check_argument(toml_path: Path, field: str, arg: Argument, symbols: set[str]) -> None:
     """Integer arguments are inputs (indices, positions) with an optional value range; `scale` is
     for float inputs."""
@@ -146,10 +171,10 @@ def _check_semantics(root: Path, toml_path: Path, spec: KernelSpec) -> None:
                     raise PackageError(
                         f"{toml_path}: field 'shapes.{target}.{kind}.{j}': missing symbols {sorted(missing)}"
                     )
-                for i, arg in enumerate(spec.arguments):
-                    if arg.range and not expr.evaluate(arg.range[0], shape.dims) < expr.evaluate(arg.range[1], shape.dims):
-                        raise PackageError(f"{toml_path}: field 'arguments.{i}.range': empty at shapes.{target}.{kind}.{j} "
-                                           f"({shape.label})")  # fmt: skip
+                empty = empty_range(spec, shape.dims)
+                if empty is not None:
+                    raise PackageError(f"{toml_path}: field 'arguments.{spec.arguments.index(empty)}.range': empty at "
+                                       f"shapes.{target}.{kind}.{j} ({shape.label})")  # fmt: skip
         text = src.read_text()
         for tunable in spec.tunables_for(target):
             try:

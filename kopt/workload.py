@@ -24,18 +24,11 @@ from pathlib import Path
 
 from kopt import expr
 from kopt.models import KernelSpec, Shape
+from kopt.package import empty_range, shape_symbols
 
 
 class WorkloadError(ValueError):
     """A workload file is invalid; the message names the file and the entry."""
-
-
-def symbols_of(spec: KernelSpec) -> list[str]:
-    out: list[str] = []
-    for arg in spec.arguments:
-        for dim in arg.shape:
-            out += [n for n in sorted(expr.names(dim)) if n not in out]
-    return out
 
 
 def load_workload(path: str | Path, spec: KernelSpec) -> list[Shape]:
@@ -44,7 +37,7 @@ def load_workload(path: str | Path, spec: KernelSpec) -> list[Shape]:
         raise WorkloadError(f"{path}: workload file not found")
     text = path.read_text()
     rows = _csv_rows(path, text) if path.suffix.lower() == ".csv" else _toml_rows(path, text)
-    need = set(symbols_of(spec))
+    need = set(shape_symbols(spec))
     merged: dict[tuple, float] = {}
     for where, dims, weight in rows:
         missing, extra = need - set(dims), set(dims) - need
@@ -54,9 +47,9 @@ def load_workload(path: str | Path, spec: KernelSpec) -> list[Shape]:
                                 + f" (the package's shape symbols are {sorted(need)})")  # fmt: skip
         if any(v < 1 for v in dims.values()):
             raise WorkloadError(f"{path}: {where}: every symbol must be >= 1, got {dims}")
-        for arg in spec.arguments:
-            if arg.range and not expr.evaluate(arg.range[0], dims) < expr.evaluate(arg.range[1], dims):
-                raise WorkloadError(f"{path}: {where}: argument {arg.name!r} has an empty range at {dims}")
+        empty = empty_range(spec, dims)
+        if empty is not None:
+            raise WorkloadError(f"{path}: {where}: argument {empty.name!r} has an empty range at {dims}")
         key = tuple((k, dims[k]) for k in sorted(dims))
         merged[key] = merged.get(key, 0.0) + weight
     if not merged:
@@ -183,13 +176,13 @@ def solve(spec: KernelSpec, dims_list: list[list[int]]) -> dict[str, int] | None
             x = (v - f1) / (f2 - f1) + 1  # linear in the symbol
             if x >= 1 and abs(x - round(x)) < 1e-9:
                 known[name] = int(round(x))
-    if set(known) != set(symbols_of(spec)):
+    if set(known) != set(shape_symbols(spec)):
         return None
     return known if all(expr.evaluate(d, known) == v for d, v in pairs) else None
 
 
 def write_csv(counts: Counter, spec: KernelSpec, out: str | Path) -> Path:
-    names = symbols_of(spec)
+    names = shape_symbols(spec)
     lines = [",".join([*names, "count"])]
     for key, n in sorted(counts.items(), key=lambda kv: -kv[1]):
         dims = dict(key)

@@ -90,7 +90,6 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
     holdout = getattr(args, "holdout", 0)
     if holdout < 0:
         raise UsageError(f"--holdout must be >= 0, got {holdout}")
-    workload, held = [], holdout_shapes(req.package.spec, req.target, req.seed, holdout)
     if getattr(args, "workload", None) is not None:
         from kopt.workload import WorkloadError, load_workload
 
@@ -98,6 +97,8 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
             workload, held = split_workload(load_workload(args.workload, req.package.spec), req.seed, holdout)
         except WorkloadError as exc:
             raise UsageError(str(exc)) from None
+    else:
+        workload, held = [], holdout_shapes(req.package.spec, req.target, req.seed, holdout)
     min_gain = getattr(args, "min_gain", None)
     if min_gain is not None and not 0 <= min_gain < 1:
         raise UsageError(f"--min-gain must be in [0, 1), got {min_gain}")
