@@ -45,6 +45,10 @@ GRAPH_BELOW_US = 20.0  # auto mode: graph mode when a cold call takes less than 
 
 # A measurer takes a sample count and returns that many per-call times in microseconds.
 Measure = Callable[[int], list[float]]
+# One block as its checks see it: the judge's round trips (us; None where not checked against the
+# readings: the CPU target, whose readings are the judge's own), the readings (us), and the host that
+# used CPU outside the calls with why (Hosts.idle_excess), or None.
+Block = tuple[list[float] | None, list[float], tuple[object, str] | None]
 
 
 @dataclass(frozen=True)
@@ -179,9 +183,9 @@ def remote_measure(call: Callable[[], None], before: Callable[[], None], kernel,
     """CPU kernels in a kernel host: the judge's own clock around each call's round trip (kernel.
     last_rt_ns) minus the median no-op round trip (hosts: remote.Hosts, topped up before each block).
     Nothing the host reports is believed; `before` (outside the timed region) runs in the judge,
-    and over the block no host may use CPU outside this kernel's calls (Hosts.check_idle)."""
+    and over the block no host may use CPU outside this kernel's calls (Hosts.idle_excess)."""
 
-    def measure(n: int) -> list[float]:
+    def block(n: int) -> Block:
         hosts.calibrate(kernel, PINGS_PER_BLOCK)
         overhead = hosts.overhead_us(kernel)
         out = []
@@ -191,10 +195,9 @@ def remote_measure(call: Callable[[], None], before: Callable[[], None], kernel,
             call()
             calls_ns += kernel.last_rt_ns
             out.append(max(kernel.last_rt_ns / 1e3 - overhead, MIN_REMOTE_US))
-        hosts.check_idle(cpu_before, kernel, calls_ns, n)
-        return out
+        return None, out, hosts.idle_excess(cpu_before, kernel, calls_ns, n)
 
-    return measure
+    return lambda n: checked(block, n, kernel, hosts, "cpu")
 
 
 class ColdL2:
@@ -213,13 +216,13 @@ def cuda_measure(call: Callable[[], None], before: Callable[[], None], kernel, h
     its own stream and waits for them (outside the timed region), then the host records an event
     pair around the call on its stream and waits for it. A sample is the host's event reading, which
     the judge believes only as far as its own clock agrees over the block (Hosts.check_clock: the
-    round trip less the host's no-op round trip); Hosts.check_idle watches the hosts' threads."""
+    round trip less the host's no-op round trip); Hosts.idle_excess watches the hosts' threads."""
 
     def flushed() -> None:
         cold.flush()
         torch.cuda.current_stream().synchronize()
 
-    def block(n: int) -> tuple[list[float], list[float]]:
+    def block(n: int) -> Block:
         hosts.calibrate(kernel, PINGS_PER_BLOCK, flushed)
         out, rts = [], []
         cpu_before = hosts.cpu()
@@ -229,24 +232,30 @@ def cuda_measure(call: Callable[[], None], before: Callable[[], None], kernel, h
             call()  # the kernel host syncs the judge's stream before its round trip starts
             rts.append(kernel.last_rt_ns / 1e3)
             out.append(kernel.last_ns / 1e3)
-        hosts.check_idle(cpu_before, kernel, int(sum(rts) * 1e3), n)
-        return rts, out
+        return rts, out, hosts.idle_excess(cpu_before, kernel, int(sum(rts) * 1e3), n)
 
-    return lambda n: clocked(block, n, kernel, hosts, "cold")
+    return lambda n: checked(block, n, kernel, hosts, "cold")
 
 
-def clocked(block: Callable[[int], tuple[list[float], list[float]]], n: int, kernel, hosts, kind: str) -> list[float]:
-    """One block's readings, once the judge's clock agrees with them (Hosts.check_clock); a block it
-    disagrees with is taken again, and BLOCK_RETAKES disagreements in a row are a forgery."""
+def checked(block: Callable[[int], Block], n: int, kernel, hosts, kind: str) -> list[float]:
+    """One block's readings, once it passed the block checks: no host used CPU outside the calls
+    (Hosts.idle_excess) and, where the block has round trips to check against (CUDA), the judge's
+    clock agrees with the readings (Hosts.check_clock). A block that fails either is taken again;
+    BLOCK_RETAKES failures in a row fail the host that failed the last one (a retaken block's readings
+    never reach the sample: a host that misbehaves now and then gains nothing from it)."""
     for attempt in range(1 + BLOCK_RETAKES):
-        rts, readings = block(n)
-        why = hosts.check_clock(kernel, kind, rts, readings)
-        if why is None:
-            return readings
+        rts, readings, idle = block(n)
+        if idle is not None:
+            (culprit, why), what = idle, "idle"
+        else:
+            why = hosts.check_clock(kernel, kind, rts, readings) if rts is not None else None
+            if why is None:
+                return readings
+            culprit, what = kernel, kind
         if attempt < BLOCK_RETAKES:
-            hosts.retake(kernel, kind)
-    hosts.forged(kernel, why)
-    raise AssertionError("unreachable")  # forged() raises
+            hosts.retake(culprit, what)
+    hosts.reject(culprit, why)
+    raise AssertionError("unreachable")  # reject() raises
 
 
 class GraphTimer:
@@ -262,7 +271,7 @@ class GraphTimer:
     def replay(self) -> None:
         self.kernel.replay(self.graph)
 
-    def block(self, n: int) -> tuple[list[float], list[float]]:
+    def block(self, n: int) -> Block:
         kernel, hosts = self.kernel, self.hosts
         hosts.calibrate(kernel, PINGS_PER_BLOCK)
         per_replay, rts = [], []
@@ -271,11 +280,10 @@ class GraphTimer:
             kernel.replay(self.graph)
             rts.append(kernel.last_rt_ns / 1e3)
             per_replay.append(kernel.last_ns / 1e3)
-        hosts.check_idle(cpu_before, kernel, int(sum(rts) * 1e3), n)
-        return rts, per_replay
+        return rts, per_replay, hosts.idle_excess(cpu_before, kernel, int(sum(rts) * 1e3), n)
 
     def measure(self, n: int) -> list[float]:
-        return [t / self.calls for t in clocked(self.block, n, self.kernel, self.hosts, "graph")]
+        return [t / self.calls for t in checked(self.block, n, self.kernel, self.hosts, "graph")]
 
 
 def hidden_work(kernel, packed, calls: int) -> tuple[float, float]:

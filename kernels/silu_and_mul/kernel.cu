@@ -11,8 +11,9 @@
 //                     any D and consecutive blocks stream consecutive memory (as Inductor does);
 //                     its loads carry L2 cache hints chosen by the call's size (below).
 // Measured on an H100 (docs/tuning-notes.md): flat, VEC 8, 256 threads is 1.07x the default.
-// The vectorized path needs D % PACK == 0 and every row base (gate, up, out) aligned for a
-// PACK-element access; otherwise the scalar path runs. Both are chosen per launch on the host.
+// An access moves the widest pack of at most PACK elements that D, the row strides and the row
+// bases (gate, up, out) all allow: PACK, PACK/2, ... 1 element, chosen per launch on the host (as
+// FlashInfer's launcher does: D = 3420 in 16-bit moves 8 bytes an access, not 2).
 #include <climits>
 #include <cstdint>
 
@@ -157,22 +158,27 @@ static int launch_kernel(const T *xp, int64_t xs, T *op, int64_t os, int64_t row
   return cudaGetLastError() == cudaSuccess ? KOPT_OK : KOPT_ERR_LAUNCH;
 }
 
+// The widest pack of at most V elements every access of the call is aligned for: d, the row strides
+// and the two bases multiples of it (then every row's gate, up and out are).
+template <typename T, int V, int U>
+static int launch_widest(const T *xp, int64_t xs, T *op, int64_t os, int64_t rows, int d, cudaStream_t stream) {
+  if constexpr (V > 1) {
+    const uintptr_t align = sizeof(T) * V;
+    if (d % V != 0 || xs % V != 0 || os % V != 0 || reinterpret_cast<uintptr_t>(xp) % align != 0 ||
+        reinterpret_cast<uintptr_t>(op) % align != 0)
+      return launch_widest<T, V / 2, U>(xp, xs, op, os, rows, d, stream);
+  }
+  return launch_kernel<T, V, U>(xp, xs, op, os, rows, d, stream);
+}
+
 template <typename T>
 static int launch(const kopt_tensor &x, const kopt_tensor &out, int64_t rows, int d, cudaStream_t stream) {
   // One access moves PACK elements, at most 16 bytes; a thread makes U = VEC / PACK of them per step.
   constexpr int PACK = sizeof(T) * VEC > 16 ? 16 / (int)sizeof(T) : VEC;
   constexpr int U = VEC / PACK > 0 ? VEC / PACK : 1;
-  const int64_t xs = x.strides[0], os = out.strides[0];
-  // Every row base is PACK-aligned iff the first one is and the row strides (and d, for the up
-  // half) are multiples of PACK elements.
-  const uintptr_t align = sizeof(T) * PACK;
-  const bool vectorized = d % PACK == 0 && xs % PACK == 0 && os % PACK == 0 &&
-                          reinterpret_cast<uintptr_t>(x.data) % align == 0 &&
-                          reinterpret_cast<uintptr_t>(out.data) % align == 0;
-  const T *xp = static_cast<const T *>(x.data);
-  T *op = static_cast<T *>(out.data);
-  if (vectorized) return launch_kernel<T, PACK, U>(xp, xs, op, os, rows, d, stream);
-  return launch_kernel<T, 1, U>(xp, xs, op, os, rows, d, stream);
+  static_assert((PACK & (PACK - 1)) == 0, "PACK halves down to 1 element");
+  return launch_widest<T, PACK, U>(static_cast<const T *>(x.data), x.strides[0], static_cast<T *>(out.data),
+                                   out.strides[0], rows, d, stream);
 }
 
 KOPT_EXPORT int kopt_silu_and_mul(const kopt_tensor *args, int32_t nargs, void *stream) {
