@@ -70,8 +70,8 @@ LONE_CLOCK_SLACK_US = 120.0  # shape median without a baseline, against the no-o
 CLOCK_SLACK_FRACTION = 0.05
 BLOCK_CLOCK_SLACK_US = 1000.0  # any block's median, a gross bound (plus BLOCK_CLOCK_SLACK_FRACTION)
 BLOCK_CLOCK_SLACK_FRACTION = 1.0
-RETAKEN = {"clock": "the judge's clock disagreed grossly, then agreed",
-           "idle": "a host used CPU outside the calls, then did not"}
+RETAKEN = {"clock": "the judge's clock disagreed grossly",
+           "idle": "a host used CPU outside the calls"}
 BLOCK_RETAKES = 2  # a block that misses the gross bound or the idle check is taken again, at most this often
 SEGMENT_BYTES = 1 << 30  # CUDA: the smallest device-memory segment the arena adds
 
