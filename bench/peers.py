@@ -56,6 +56,7 @@ MODEL_SHAPES = {
                           ({"T": 2048, "H": 5120}, "float16")],
     "merge_attn_states_lse": [({"T": 4096, "NH": 8, "D": 64}, "bfloat16"), ({"T": 3, "NH": 64, "D": 128}, "float16")],
 }  # fmt: skip
+IMPLEMENTATIONS = ("baseline", "best", "flashinfer", "torch.compile")  # the order of a case's columns
 BENCH_DTYPE = {"silu_and_mul": "bfloat16", "fused_add_rmsnorm": "bfloat16", "merge_attn_states_lse": "float16"}
 
 
@@ -117,7 +118,6 @@ class Case:
     def __init__(self, kernel: str, dims: dict[str, int], dtype: str, libs: dict, fi, compiled) -> None:
         import torch
 
-        self.kernel, self.dims, self.dtype = kernel, dims, dtype
         dt_ = getattr(torch, dtype)
         dev, stream = "cuda", torch.cuda.current_stream().cuda_stream
         gen = torch.Generator(device=dev).manual_seed(0)
@@ -127,44 +127,44 @@ class Case:
             return torch.randn(*shape, generator=gen, device=dev, dtype=torch.float32).to(dtype)
 
         self.calls, self.check = {}, {}
+        self.libs = libs
+        names = [n for n in IMPLEMENTATIONS if n in libs or n == "torch.compile" or (n == "flashinfer" and fi)]
         eager = torch_ops()[kernel]
         if kernel == "silu_and_mul":
             t, d = dims["T"], dims["D"]
             x = randn(t, 2 * d)
             want = eager(x).float()
-            for name in ("baseline", "best", "flashinfer", "torch.compile"):
-                if name in libs or name == "flashinfer" and fi or name == "torch.compile":
-                    out, held = torch.empty(t, d, device=dev, dtype=dt_), {}
+            for name in names:
+                out, held = torch.empty(t, d, device=dev, dtype=dt_), {}
 
-                    def tc(x=x, held=held):
-                        held["out"] = compiled(x)  # its own output tensor: no copy in the timed region
+                def tc(x=x, held=held):
+                    held["out"] = compiled(x)  # its own output tensor: no copy in the timed region
 
-                    def result(out=out, held=held, name=name):
-                        return (held["out"] if name == "torch.compile" else out).float()
+                def result(out=out, held=held, name=name):
+                    return (held["out"] if name == "torch.compile" else out).float()
 
-                    self._add(name, libs, fi, compiled, [x, out], result, want,
-                              fi_call=lambda x=x, out=out: fi.fi_silu_and_mul(code, ptr(out), ptr(x), t, d, stream),
-                              tc_call=tc)  # fmt: skip
+                self._add(name, [x, out], result, want,
+                          fi_call=lambda x=x, out=out: fi.fi_silu_and_mul(code, ptr(out), ptr(x), t, d, stream),
+                          tc_call=tc)  # fmt: skip
         elif kernel == "fused_add_rmsnorm":
             t, h = dims["T"], dims["H"]
             x0, r0, w = randn(t, h), randn(t, h), randn(h)
             xe, re_ = x0.clone(), r0.clone()
             eager(xe, re_, w)
             want = torch.cat([xe.float(), re_.float()])
-            for name in ("baseline", "best", "flashinfer", "torch.compile"):
-                if name in libs or name == "flashinfer" and fi or name == "torch.compile":
-                    x, r = x0.clone(), r0.clone()
-                    first = (x.clone(), r.clone())  # outputs are checked after the first call only
+            for name in names:
+                x, r = x0.clone(), r0.clone()
+                first = (x.clone(), r.clone())  # outputs are checked after the first call only
 
-                    def result(x=x, r=r, first=first):
-                        got = torch.cat([x.float(), r.float()])
-                        x.copy_(first[0]), r.copy_(first[1])
-                        return got
+                def result(x=x, r=r, first=first):
+                    got = torch.cat([x.float(), r.float()])
+                    x.copy_(first[0]), r.copy_(first[1])
+                    return got
 
-                    self._add(name, libs, fi, compiled, [x, r, w], result, want,
-                              fi_call=lambda x=x, r=r: fi.fi_fused_add_rmsnorm(code, ptr(x), ptr(r), ptr(w), t, h,
-                                                                               ctypes.c_float(EPS), stream),
-                              tc_call=lambda x=x, r=r: compiled(x, r, w))  # fmt: skip
+                self._add(name, [x, r, w], result, want,
+                          fi_call=lambda x=x, r=r: fi.fi_fused_add_rmsnorm(code, ptr(x), ptr(r), ptr(w), t, h,
+                                                                           ctypes.c_float(EPS), stream),
+                          tc_call=lambda x=x, r=r: compiled(x, r, w))  # fmt: skip
         else:
             t, nh, d = dims["T"], dims["NH"], dims["D"]
             v_a, v_b = randn(t, nh, d), randn(t, nh, d)
@@ -173,32 +173,31 @@ class Case:
             s_a2, s_b2 = s_a * l2e, s_b * l2e  # FlashInfer's LSEs are base 2
             wv, ws = eager(v_a, s_a, v_b, s_b)
             want = torch.cat([wv.float().flatten(), ws.flatten()])
-            for name in ("baseline", "best", "flashinfer", "torch.compile"):
-                if name in libs or name == "flashinfer" and fi or name == "torch.compile":
-                    v_out = torch.empty(t, nh, d, device=dev, dtype=dt_)
-                    s_out = torch.empty(t, nh, device=dev, dtype=torch.float32)
-                    scale = l2e if name == "flashinfer" else 1.0
+            for name in names:
+                v_out = torch.empty(t, nh, d, device=dev, dtype=dt_)
+                s_out = torch.empty(t, nh, device=dev, dtype=torch.float32)
+                scale = l2e if name == "flashinfer" else 1.0
 
-                    held = {}
+                held = {}
 
-                    def result(v_out=v_out, s_out=s_out, scale=scale, held=held, name=name):
-                        v, s = held["out"] if name == "torch.compile" else (v_out, s_out)
-                        return torch.cat([v.float().flatten(), s.flatten() / scale])
+                def result(v_out=v_out, s_out=s_out, scale=scale, held=held, name=name):
+                    v, s = held["out"] if name == "torch.compile" else (v_out, s_out)
+                    return torch.cat([v.float().flatten(), s.flatten() / scale])
 
-                    def tc(held=held):
-                        held["out"] = compiled(v_a, s_a, v_b, s_b)
+                def tc(held=held):
+                    held["out"] = compiled(v_a, s_a, v_b, s_b)
 
-                    self._add(name, libs, fi, compiled, [v_a, s_a, v_b, s_b, v_out, s_out], result, want,
-                              fi_call=lambda v_out=v_out, s_out=s_out: fi.fi_merge_state(
-                                  code, ptr(v_a), ptr(s_a2), ptr(v_b), ptr(s_b2), ptr(v_out), ptr(s_out), t, nh, d,
-                                  stream),
-                              tc_call=tc)  # fmt: skip
+                self._add(name, [v_a, s_a, v_b, s_b, v_out, s_out], result, want,
+                          fi_call=lambda v_out=v_out, s_out=s_out: fi.fi_merge_state(
+                              code, ptr(v_a), ptr(s_a2), ptr(v_b), ptr(s_b2), ptr(v_out), ptr(s_out), t, nh, d,
+                              stream),
+                          tc_call=tc)  # fmt: skip
 
-    def _add(self, name, libs, fi, compiled, tensors, result, want, fi_call, tc_call) -> None:
+    def _add(self, name, tensors, result, want, fi_call, tc_call) -> None:
         from gpu_worker.abi import Packed
 
         if name in ("baseline", "best"):
-            kernel, packed = libs[name], Packed(tensors)
+            kernel, packed = self.libs[name], Packed(tensors)
 
             def call(kernel=kernel, packed=packed):
                 rc = kernel(packed)
