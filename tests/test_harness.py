@@ -19,9 +19,9 @@ import pytest
 
 from gpu_worker import device, plan, protocol, runner, spawn, static_checks
 from gpu_worker.abi import KernelFailure
-from kopt.build import compile_command, detect_toolchain
 from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef, Shape
 from kopt.package import load_spec
+from tests.conftest import compile_all
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -44,24 +44,11 @@ WRONG = {
 @pytest.fixture(scope="session")
 def libs(tmp_path_factory) -> dict[str, Path]:
     """Every fixture library, compiled in parallel with the project's own g++ command line."""
-    tc = detect_toolchain("cpu")
-    if tc is None:
-        pytest.skip("no C++ compiler (g++) on this machine")
-    out = tmp_path_factory.mktemp("libs")
     sources = {"scale2": SCALE2 / "kernel.cpp"}
     sources |= {name: FIXTURES / "wrong" / f"{name}.cpp" for name in [*WRONG, "hang"]}
     sources["silu_and_mul"] = SILU / "kernel.cpp"
     sources["chatty"] = FIXTURES / "chatty" / "kernel.cpp"
-    procs = {
-        name: subprocess.Popen(
-            compile_command(tc, src, out / f"{name}.so", ["-O2"]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-        for name, src in sources.items()
-    }
-    for name, proc in procs.items():
-        log, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 0, f"{name} failed to compile:\n{log.decode()}"
-    return {name: out / f"{name}.so" for name in sources}
+    return compile_all("cpu", sources, tmp_path_factory.mktemp("libs"))
 
 
 @pytest.fixture(scope="session")

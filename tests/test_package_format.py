@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from gpu_worker import runner
-from kopt.build import compile_command, detect_toolchain
 from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef
 from kopt.package import PackageError, load_spec
-from tests.conftest import REPO
+from tests.conftest import REPO, compile_all
 
 ROTARY = REPO / "tests" / "fixtures" / "rotary"
 NO_ARTIFACT = ArtifactRef(sha256="0" * 64, size=0, uri="file:///dev/null")
@@ -46,22 +44,16 @@ def _request(spec: KernelSpec, shapes=None) -> ExecRequest:
 
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory) -> dict[str, Path]:
-    tc = detect_toolchain("cpu")
-    if tc is None:
-        pytest.skip("no C++ compiler (g++) on this machine")
     out = tmp_path_factory.mktemp("rotary-libs")
-    built = {}
+    sources = {}
     for name, (old, new) in {"baseline": ("", ""), **VARIANTS}.items():
         assert old in SOURCE, f"{name}: the text to replace is no longer in kernel.cpp"
         text = SOURCE.replace(old, new) if old else SOURCE
         if name == "recomputes_the_table":
             text = "#include <cmath>\n" + text
-        src, lib = out / f"{name}.cpp", out / f"{name}.so"
-        src.write_text(text)
-        proc = subprocess.run(compile_command(tc, src, lib, ["-O2"]), capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr
-        built[name] = lib
-    return built
+        sources[name] = out / f"{name}.cpp"
+        sources[name].write_text(text)
+    return compile_all("cpu", sources, out)
 
 
 @pytest.fixture
