@@ -3,8 +3,9 @@
 For silu_and_mul, fused_add_rmsnorm and merge_attn_states_lse, at the package's bench and held-out
 shapes and the model shapes of issue #15's table, it times in one process, interleaved call by call:
   baseline       the package's kernel.cu with its default tunables (kopt's ABI, through ctypes)
-  best           the same source with a run's best tunables and flags (--best K=REPORT.json; by
-                 default the newest bench/results/astra-report-K-*.json)
+  best           a run's best: best_kernel.cu beside --best K=REPORT.json with its flags (a
+                 shape-specialized best is more than other tunables); without that file, kernel.cu
+                 with the best's tunables (default: the newest bench/results/astra-report-K-*.json)
   flashinfer     FlashInfer's header-only kernels (bench/peers/flashinfer_ops.cu), launched as its
                  Python front end launches them
   torch.compile  the op written in torch, compiled by inductor with its defaults
@@ -234,12 +235,14 @@ def ptr(t) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr())
 
 
-def build_kopt(kernel: str, tunables: dict[str, int], flags: list[str], out: Path) -> Path:
+def build_kopt(kernel: str, tunables: dict[str, int], flags: list[str], out: Path, source: str | None = None) -> Path:
+    """The package's kernel.cu with these tunables, or a run's best source as it is (a shape-specialized
+    best is more than kernel.cu with other values)."""
     from kopt.build import compile_command, detect_toolchain
     from kopt.package import apply_tunables
 
     src = out.with_suffix(".cu")
-    src.write_text(apply_tunables((REPO / "kernels" / kernel / "kernel.cu").read_text(), tunables))
+    src.write_text(source or apply_tunables((REPO / "kernels" / kernel / "kernel.cu").read_text(), tunables))
     subprocess.run(compile_command(detect_toolchain("cuda"), src, out, flags), check=True, capture_output=True)
     return out
 
@@ -309,7 +312,9 @@ def run(args) -> None:
                        else str(report), "best": best}  # fmt: skip
             jobs[(k, "baseline")] = pool.submit(build_kopt, k, {}, spec.build["cuda"].flags, tmp / f"{k}-baseline.so")
             if best:
-                jobs[(k, "best")] = pool.submit(build_kopt, k, best["tunables"], best["flags"], tmp / f"{k}-best.so")
+                written = report.parent / "best_kernel.cu"  # beside a run's report.json (kopt.app.report)
+                jobs[(k, "best")] = pool.submit(build_kopt, k, best["tunables"], best["flags"], tmp / f"{k}-best.so",
+                                                written.read_text() if written.is_file() else None)
         built = {key: job.result() for key, job in jobs.items()}
     fi = None
     if "flashinfer" in built:

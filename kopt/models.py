@@ -90,6 +90,15 @@ class CostModel(BaseModel):
     flops: str = "0"
 
 
+class Dispatch(BaseModel):
+    """Shape buckets for a shape-specialized best (kopt.dispatch; docs/kernel-packages.md, Dispatch):
+    bucket i holds the calls whose `symbol` lies in (edges[i-1], edges[i]], the last one every call
+    above the last edge. Each bucket may get its own tunable values; one library dispatches."""
+
+    symbol: str
+    edges: list[int] = Field(min_length=1, max_length=7)
+
+
 class KernelSpec(BaseModel):
     """The parsed, validated kernel.toml plus the baseline sources it names."""
 
@@ -106,6 +115,7 @@ class KernelSpec(BaseModel):
     build: dict[Target, BuildSpec] = Field(default_factory=dict)
     tunables: list[Tunable] = Field(default_factory=list)
     shapes: dict[Target, ShapeSets]
+    dispatch: dict[Target, Dispatch] = Field(default_factory=dict)
 
     def tunables_for(self, target: Target) -> list[Tunable]:
         return [t for t in self.tunables if t.target == target]

@@ -135,6 +135,29 @@ def _check_argument(toml_path: Path, field: str, arg: Argument, symbols: set[str
                            f"remove 'scale = false' here")  # fmt: skip
 
 
+def plain_dimension(spec: KernelSpec, symbol: str) -> tuple[int, int] | None:
+    """(argument index, dimension index) of the first dimension that is exactly `symbol`, if any."""
+    for i, arg in enumerate(spec.arguments):
+        for j, dim in enumerate(arg.shape):
+            if dim.strip() == symbol:
+                return i, j
+    return None
+
+
+def _check_dispatch(toml_path: Path, spec: KernelSpec, target: str, dispatch) -> None:
+    field = f"dispatch.{target}"
+    if target not in spec.targets:
+        raise PackageError(f"{toml_path}: field '{field}': target '{target}' is not in 'targets'")
+    if plain_dimension(spec, dispatch.symbol) is None:
+        raise PackageError(f"{toml_path}: field '{field}.symbol': no argument has a dimension that is exactly "
+                           f"{dispatch.symbol!r} (the library reads the value from the call's shapes)")  # fmt: skip
+    edges = dispatch.edges
+    if edges[0] < 1 or any(b <= a for a, b in zip(edges, edges[1:])):
+        raise PackageError(f"{toml_path}: field '{field}.edges': must be ascending integers >= 1, got {edges}")
+    if not spec.tunables_for(target):  # type: ignore[arg-type]
+        raise PackageError(f"{toml_path}: field '{field}': target '{target}' has no tunables to specialize")
+
+
 def _check_semantics(root: Path, toml_path: Path, spec: KernelSpec) -> None:
     symbols: set[str] = set()
     for i, arg in enumerate(spec.arguments):
@@ -185,5 +208,7 @@ def _check_semantics(root: Path, toml_path: Path, spec: KernelSpec) -> None:
                 raise PackageError(
                     f"{toml_path}: field 'tunables.{tunable.name}.values': the source's value {current} is not listed"
                 )
+    for target, dispatch in spec.dispatch.items():
+        _check_dispatch(toml_path, spec, target, dispatch)
     if not (root / "reference.py").is_file():
         raise PackageError(f"{root / 'reference.py'}: missing (the PyTorch reference and input generator)")

@@ -190,6 +190,24 @@ class HoldoutResult(BaseModel):
     regressions: list[str] = Field(default_factory=list)  # held-out (shape, dtype) slower than the baseline
 
 
+class SpecializedResult(BaseModel):
+    """The shape-specialized step after the search (kopt.dispatch): per-bucket tunable values taken
+    from the measured candidates, built into one library, then tested and timed like a candidate."""
+
+    buckets: list[str]  # "T <= 64", "T > 64"
+    settings: list[dict[str, int]] = Field(default_factory=list)  # tunable values per bucket
+    picked_from: list[str] = Field(default_factory=list)  # the candidate each bucket's values came from
+    candidate_id: str | None = None
+    correct: bool = False
+    tested: list[str] = Field(default_factory=list)  # the shapes it was checked at (bucket edges included)
+    speedup_geomean: float | None = None
+    speedup_ci: list[float] | None = None
+    per_shape: list[ShapeSpeedup] = Field(default_factory=list)
+    regressions: list[str] = Field(default_factory=list)
+    accepted: bool = False  # became the best
+    reason: str | None = None  # why nothing was built, or why it was not accepted
+
+
 class OptimizeResult(BaseModel):
     kernel: str
     target: Target
@@ -205,6 +223,7 @@ class OptimizeResult(BaseModel):
     extra_test_shapes: list[Shape] = Field(default_factory=list)  # added by the test designer
     usage: Usage = Field(default_factory=Usage)
     holdout: HoldoutResult | None = None  # the best on the held-out shapes (runs with holdout_shapes)
+    specialized: SpecializedResult | None = None  # packages with [dispatch.<target>]
 
 
 ResumePoint.model_rebuild()

@@ -63,8 +63,12 @@ with workflow.unsafe.imports_passed_through():
         Progress,
         ResumePoint,
         RunState,
+        SpecializedResult,
         Usage,
     )
+    from kopt.candidates import candidate_id, unified_diff
+    from kopt.dispatch import bucket_labels, choose, edge_shapes, specialized_source
+    from kopt.package import PackageError
 
 # Runs started with LLM_FAULTS_PATCH (docs/decisions/0016): an unusable reply fails its candidate and
 # the round goes on; an unavailable endpoint is retried with backoff for as long as the wall-time
@@ -87,6 +91,11 @@ COMPACT_HISTORY_PATCH = "compact-plan-history"
 # shapes (never tested or timed by the search): OptimizeResult.holdout (docs/decisions/0020).
 HOLDOUT_PATCH = "holdout-shapes"
 HOLDOUT_ROUND = -1  # the (round, slot) the held-out calls' activity ids name
+# Packages with [dispatch.<target>]: after the last round, per-bucket tunable values from the measured
+# candidates are built into one library that dispatches on the call's shape (kopt.dispatch), judged
+# like a candidate and kept if it beats the best (docs/decisions/0023). Older runs never had the step.
+SPECIALIZE_PATCH = "shape-specialized"
+SPECIALIZE_ROUND = -2
 
 
 
@@ -249,6 +258,13 @@ class OptimizeKernel:
                 workflow.upsert_search_attributes([ROUND_KEY.value_set(rnd),
                                                    BEST_KEY.value_set(state.best_summary.speedup_geomean)])
 
+        specialized = None
+        dispatch = spec.dispatch.get(req.target)
+        if dispatch is not None and workflow.patched(SPECIALIZE_PATCH):
+            if stop_reason and "budget reached" in stop_reason:
+                specialized = SpecializedResult(buckets=bucket_labels(dispatch), reason=f"skipped: {stop_reason}")
+            else:
+                specialized = await self._specialize(req, state, dispatch)
         holdout = None
         if req.holdout_shapes and workflow.patched(HOLDOUT_PATCH):
             holdout = await self._holdout(req, state)
@@ -257,7 +273,8 @@ class OptimizeKernel:
                               baseline=state.baseline, rounds=state.rounds, best=state.best_summary,
                               segments=state.segment, stop_reason=stop_reason, usage=self._usage,
                               extra_test_shapes=state.extra_test_shapes,
-                              llm_stopped=self._stop is not None and stop_reason == self._stop, holdout=holdout)
+                              llm_stopped=self._stop is not None and stop_reason == self._stop, holdout=holdout,
+                              specialized=specialized)
 
     async def _holdout(self, req: OptimizeRequest, state: RunState) -> HoldoutResult:
         """The best, tested and then timed against the baseline (interleaved A/B) on the held-out
@@ -310,6 +327,77 @@ class OptimizeKernel:
         self._event(f"held-out: {ab.speedup_geomean:.3f}x{ci} ({ab.verdict}) against {summary.speedup_geomean:.3f}x "
                     f"on the search shapes" + (f"; OVERFIT: slower at {', '.join(result.regressions)}"
                                                if result.regressions else "; OVERFIT" if result.overfit else ""))
+        return result
+
+    async def _specialize(self, req: OptimizeRequest, state: RunState, dispatch) -> SpecializedResult:
+        """Per bucket of the dispatch symbol, the tunable values of the measured candidate (with the
+        best's flags) fastest on that bucket's timed shapes; if they differ, one library of the best's
+        source dispatching on the call's shape, compiled, tested (bucket edges included) and timed.
+        It becomes the best under the rules of a round: faster by min_gain, significant, no regression."""
+        spec = req.package.spec
+        result = SpecializedResult(buckets=bucket_labels(dispatch))
+        best = state.best
+        baseline_per_shape = [s.model_copy(update={"candidate_us": s.baseline_us, "speedup": 1.0, "ci_low": None,
+                                                   "ci_high": None}) for s in state.best_summary.per_shape]
+        options = [(best.id, best.tunables, state.best_summary.per_shape)]
+        if best.id != req.baseline.id and req.baseline.flags == best.flags:
+            options.append((req.baseline.id, req.baseline.tunables, baseline_per_shape))
+        options += [(r.candidate_id, r.tunables, r.per_shape) for r in state.rounds
+                    if r.correct and r.per_shape and r.flags == best.flags and r.candidate_id != best.id]
+        picks = choose(dispatch, req.workload or spec.shapes[req.target].bench, [(t, p) for _, t, p in options])
+        if picks is None:
+            result.reason = f"a bucket has no timed shape ({', '.join(result.buckets)})"
+            self._event(f"shape-specialized: nothing to build: {result.reason}")
+            return result
+        result.settings = [dict(options[i][1]) for i in picks]
+        result.picked_from = [options[i][0] for i in picks]
+        if all(s == best.tunables for s in result.settings):
+            result.reason = "the best's values are the fastest in every bucket"
+            self._event(f"shape-specialized: nothing to build: {result.reason}")
+            return result
+        try:
+            source = specialized_source(spec, best.source, dispatch, result.settings)
+        except PackageError as exc:
+            result.reason = f"the best's source does not take these values: {exc}"
+            self._event(f"shape-specialized: nothing to build: {result.reason}")
+            return result
+        cand = Candidate(id=candidate_id(source, best.flags, req.toolchain), source=source, flags=list(best.flags),
+                         tunables=dict(best.tunables), parent_id=best.id, origin="shape-specialized")
+        result.candidate_id = cand.id
+        plan = "; ".join(f"{b}: {s}" for b, s in zip(result.buckets, result.settings))
+        self._progress.phase = "specialize"
+        self._event(f"shape-specialized {cand.id}: {plan}")
+        outcome = await self._evaluate(req, (SPECIALIZE_ROUND, 0), cand, f"shape-specialized ({plan})",
+                                       unified_diff(best.source, source, spec.sources[req.target]),
+                                       [*self._extra_shapes, *edge_shapes(spec, req.target, dispatch)])
+        result.correct = outcome.correct
+        if outcome.test is not None:
+            result.tested = list(dict.fromkeys(c.shape for c in outcome.test.checks))
+        if not (outcome.correct and outcome.profile and outcome.profile.ok):
+            result.reason = _failure(outcome) or "not measured"
+            self._event(f"shape-specialized: {result.reason}")
+            return result
+        result.regressions = _score(state, outcome)
+        result.per_shape, result.speedup_ci = outcome.per_shape, outcome.speedup_ci
+        result.speedup_geomean = outcome.speedup_geomean
+        before = state.best_summary.speedup_geomean
+        gain = outcome.speedup_geomean > before * (1 + req.min_gain)
+        if result.regressions and not req.allow_regressions:
+            result.reason = f"slower than the baseline at {', '.join(result.regressions)}"
+        elif not gain or not significant(outcome.profile):
+            result.reason = f"does not beat the best by {req.min_gain:.0%}"
+        elif req.approve and not await self._await_approval(cand.id, outcome.speedup_geomean):
+            result.reason = "rejected at approval"
+        else:
+            result.accepted = True
+            state.best, state.best_outcome = cand, outcome
+            state.best_summary = BestSummary(
+                candidate_id=cand.id, round=state.best_summary.round, correct=True,
+                speedup_geomean=outcome.speedup_geomean, per_shape=outcome.per_shape, speedup_ci=outcome.speedup_ci,
+                tunables=cand.tunables, flags=cand.flags, source=cand.source)
+            self._progress.best_speedup = outcome.speedup_geomean
+        self._event(f"shape-specialized: {outcome.speedup_geomean:.3f}x against the best's {before:.3f}x"
+                    + (" -> new best" if result.accepted else f"; kept the best ({result.reason})"))
         return result
 
     def _stop_reason(self, req: OptimizeRequest, state: RunState) -> str | None:
@@ -412,14 +500,9 @@ class OptimizeKernel:
         regressed: dict[int, list[str]] = {}  # slot -> its slower shapes (SHAPE_GUARD_PATCH)
         for slot, (outcome, _) in enumerate(outcomes):
             if outcome.correct and outcome.profile and outcome.profile.ok:
-                outcome.per_shape = speedups(state.baseline.profile, outcome.profile)
-                ab = outcome.profile.ab
-                outcome.speedup_geomean = (ab.speedup_geomean if ab and ab.speedup_geomean
-                                           else geomean([s.speedup for s in outcome.per_shape]))
-                if ab and ab.ci_low is not None:
-                    outcome.speedup_ci = [ab.ci_low, ab.ci_high]
+                slower = _score(state, outcome)
                 if self._guard:
-                    regressed[slot] = [f"{s.shape} {s.dtype}" for s in outcome.per_shape if s.regression()]
+                    regressed[slot] = slower
                     if regressed[slot] and not req.allow_regressions:
                         continue  # not eligible as the new best
                 if best_slot is None or outcome.speedup_geomean > outcomes[best_slot][0].speedup_geomean:
@@ -640,6 +723,18 @@ class OptimizeKernel:
         if tested.correct:
             outcome.profile = await run_exec("profile", req.workload or shapes.bench)
         return outcome
+
+
+def _score(state: RunState, outcome: CandidateOutcome) -> list[str]:
+    """Fill a measured outcome's per-shape speedups, geomean and interval against the baseline;
+    return the (shape, dtype) where it is statistically slower than the baseline."""
+    outcome.per_shape = speedups(state.baseline.profile, outcome.profile)
+    ab = outcome.profile.ab
+    outcome.speedup_geomean = (ab.speedup_geomean if ab and ab.speedup_geomean
+                               else geomean([s.speedup for s in outcome.per_shape]))
+    if ab and ab.ci_low is not None:
+        outcome.speedup_ci = [ab.ci_low, ab.ci_high]
+    return [f"{s.shape} {s.dtype}" for s in outcome.per_shape if s.regression()]
 
 
 def _calls_in(err: ApplicationError) -> list[LLMCall]:

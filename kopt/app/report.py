@@ -52,6 +52,7 @@ def build_report(run_id: str, temporal_run_id: str, req: OptimizeRequest, res: O
         else [],
         "round_regressions": {r.candidate_id: r.regressions for r in res.rounds if r.regressions},
         "holdout": res.holdout.model_dump() if res.holdout else None,
+        "specialized": res.specialized.model_dump() if res.specialized else None,
         # The search's objective: the geomean over the bench shapes, or the workload-weighted time.
         "objective": "workload" if req.workload else "geomean",
         "workload": [{"shape": s.label, "weight": s.weight} for s in req.workload],
@@ -92,7 +93,9 @@ def render_markdown(report: dict, source_name: str, charts: list[str] | tuple[st
     best = report["best"]
     if best:
         what = "workload-weighted speedup" if report.get("objective") == "workload" else "geomean speedup"
-        lines += [f"## Best: `{best['candidate_id']}` (round {best['round']}), "
+        made = ("shape-specialized" if (report.get("specialized") or {}).get("accepted")
+                else f"round {best['round']}")  # fmt: skip
+        lines += [f"## Best: `{best['candidate_id']}` ({made}), "
                   f"{what} {best['speedup_geomean']:.3f}x"
                   + (f" (95% CI {best['speedup_ci'][0]:.3f}-{best['speedup_ci'][1]:.3f})" if best.get("speedup_ci")
                      else ""), "",
@@ -112,6 +115,7 @@ def render_markdown(report: dict, source_name: str, charts: list[str] | tuple[st
     if report.get("workload"):
         lines += ["", "Workload (timed shapes by weight): "
                   + ", ".join(f"{w['shape']} {w['weight']:.3f}" for w in report["workload"])]
+    lines += specialized_lines(report.get("specialized"))
     lines += holdout_lines(report.get("holdout"))
     captions = {"speedup.png": "per-shape speedup of the best", "sol.png": "% of speed of light",
                 "progress.png": "progress by round"}  # fmt: skip
@@ -126,6 +130,24 @@ def render_markdown(report: dict, source_name: str, charts: list[str] | tuple[st
         lines.append(f"| {r['round']} | {r['description']} | {r['compiled']} | {r['correct']} | {sp} |")
     lines += ["", f"The best source is in `best_{source_name}`; `best.patch` is its diff from the baseline.", ""]
     return "\n".join(lines)
+
+
+def specialized_lines(sp: dict | None) -> list[str]:
+    """The report's shape-specialized section: the values chosen per bucket and what came of them."""
+    if not sp:
+        return []
+    lines = ["", "## Shape-specialized build", ""]
+    if sp.get("settings"):
+        lines += ["| bucket | tunables | from candidate |", "| --- | --- | --- |"]
+        lines += [f"| {b} | `{t}` | `{c}` |" for b, t, c in zip(sp["buckets"], sp["settings"], sp["picked_from"])]
+        lines.append("")
+    if sp.get("speedup_geomean") is not None:
+        lines.append(f"`{sp['candidate_id']}`: {sp['speedup_geomean']:.3f}x over the baseline, "
+                     + ("**kept as the best** (one library that dispatches on the call's shape)" if sp["accepted"]
+                        else f"not kept: {sp.get('reason')}"))
+    else:
+        lines.append(f"not built or not measured: {sp.get('reason')}")
+    return lines
 
 
 def holdout_lines(h: dict | None) -> list[str]:

@@ -228,8 +228,13 @@ async def run_optimization(req: OptimizeRequest | None, kernel_dir: Path | None,
         write_report(target_dir, report, req.baseline.source, result.best.source if result.best else req.baseline.source,
                      name)
         best = result.best
-        say(f"best: {best.candidate_id} (round {best.round}) {'workload-weighted' if req.workload else 'geomean'} "
+        made = "shape-specialized" if result.specialized and result.specialized.accepted else f"round {best.round}"
+        say(f"best: {best.candidate_id} ({made}) {'workload-weighted' if req.workload else 'geomean'} "
             f"speedup {best.speedup_geomean:.3f}x over the baseline")
+        sp = result.specialized
+        if sp is not None:
+            say("shape-specialized: " + (f"{sp.speedup_geomean:.3f}x, " if sp.speedup_geomean is not None else "")
+                + ("kept as the best" if sp.accepted else f"not kept ({sp.reason})"))
         h = result.holdout
         if h is not None:
             shown = (f"{h.speedup_geomean:.3f}x ({h.verdict})" if h.speedup_geomean is not None

@@ -1,0 +1,174 @@
+"""Shape-specialized libraries (kopt.dispatch): the generated source builds with kopt's compile
+command, each bucket's copy answers on its side of every edge, kernel.toml's [dispatch] is checked,
+and a run whose candidates win different buckets keeps one library that dispatches."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import uuid
+
+import pytest
+import torch
+
+from kopt import queues
+from kopt.app.report import build_report, render_markdown
+from kopt.app.runs import prepare_request
+from kopt.dispatch import bucket_labels, bucket_of, choose, edge_shapes, specialized_source
+from kopt.models import Dispatch, KernelSpec, Shape, ShapeSpeedup
+from kopt.package import PackageError, load_spec, read_tunables
+from kopt.run_models import OptimizeResult
+from kopt.settings import Settings
+from tests.conftest import REPO, compile_all, cpu_cluster
+
+TRADEOFF = REPO / "tests" / "fixtures" / "tradeoff"
+
+# Every copy writes its TAG to out[0]; the helper, the static counter and the second macro exist in
+# every copy and must neither collide nor leak from one copy into the next.
+TAGGED = """\
+#include <stdint.h>
+
+#include "kopt_abi.h"
+
+#define TAG 0
+#define SCALE 2.0f
+
+static int calls = 0;
+static float twice(float v) { return SCALE * v; }
+
+KOPT_EXPORT int kopt_tagged(const kopt_tensor *args, int32_t nargs, void *stream) {
+  (void)stream;
+  if (nargs != 2 || args[0].ndim != 1) return KOPT_ERR_ARGS;
+  const float *x = (const float *)args[0].data;
+  float *out = (float *)args[1].data;
+  for (int64_t i = 0; i < args[0].shape[0]; ++i) out[i] = twice(x[i]);
+  out[0] = (float)(TAG * 1000 + ++calls);
+  return KOPT_OK;
+}
+"""
+
+
+def tagged_spec() -> KernelSpec:
+    return KernelSpec.model_validate({
+        "name": "tagged", "entry": "kopt_tagged", "targets": ["cpu"], "dtypes": ["float32"],
+        "sources": {"cpu": "kernel.cpp"}, "model": {"bytes": "2*N*elem"},
+        "arguments": [{"name": "x", "role": "in", "shape": ["N"]}, {"name": "out", "role": "out", "shape": ["N"]}],
+        "tunables": [{"name": "TAG", "target": "cpu", "values": [0, 1, 2, 3]}],
+        "shapes": {"cpu": {"test": [{"dims": {"N": 3}}], "bench": [{"dims": {"N": 8}}]}},
+        "dispatch": {"cpu": {"symbol": "N", "edges": [16, 256]}},
+    })  # fmt: skip
+
+
+def test_each_bucket_s_copy_answers_on_its_side_of_every_edge(tmp_path):
+    from gpu_worker.abi import Kernel, Packed
+
+    spec = tagged_spec()
+    dispatch = spec.dispatch["cpu"]
+    settings = [{"TAG": 1}, {"TAG": 2}, {"TAG": 1}]  # the first and last bucket share one copy
+    source = specialized_source(spec, TAGGED, dispatch, settings)
+    assert "namespace kopt_bucket1 {" in source and "namespace kopt_bucket2 {" not in source
+    assert source.count("#include") == 2  # hoisted once, not repeated in the copies
+    (tmp_path / "kernel.cpp").write_text(source)
+    lib = compile_all("cpu", {"tagged": tmp_path / "kernel.cpp"}, tmp_path)["tagged"]
+    kernel = Kernel(str(lib), "kopt_tagged", None)
+    calls = {1: 0, 2: 0}
+    for n in (1, 16, 17, 256, 257, 5000):
+        tag = settings[bucket_of(dispatch, n)]["TAG"]
+        calls[tag] += 1
+        x, out = torch.arange(n, dtype=torch.float32), torch.full((n,), -1.0)
+        assert kernel(Packed([x, out])) == 0
+        assert out[0].item() == tag * 1000 + calls[tag], n  # each copy counts its own calls
+        assert torch.equal(out[1:], 2 * x[1:])
+    assert kernel(Packed([torch.zeros(4)])) == 1  # one argument: the last bucket's copy says KOPT_ERR_ARGS
+    assert [s.dims["N"] for s in edge_shapes(spec, "cpu", dispatch)] == [16, 17, 256, 257]
+    assert bucket_labels(dispatch) == ["N <= 16", "16 < N <= 256", "N > 256"]
+
+
+def _speedups(values: dict[str, float]) -> list[ShapeSpeedup]:
+    return [ShapeSpeedup(shape=k, dtype="float32", baseline_us=1.0, candidate_us=1 / v, speedup=v)
+            for k, v in values.items()]
+
+
+def test_choose_takes_per_bucket_the_fastest_option_and_needs_every_bucket_timed():
+    dispatch = Dispatch(symbol="N", edges=[100])
+    shapes = [Shape(dims={"N": n}) for n in (10, 50, 1000)]
+    best = ({"M": 0}, _speedups({"N=10": 1.0, "N=50": 1.0, "N=1000": 1.2}))
+    small = ({"M": 1}, _speedups({"N=10": 3.0, "N=50": 0.9, "N=1000": 0.5}))  # wins the geomean of N <= 100
+    partial = ({"M": 2}, _speedups({"N=10": 9.0}))  # not measured at N=50: out of the running there
+    assert choose(dispatch, shapes, [best, small, partial]) == [1, 0]
+    assert choose(dispatch, shapes, [best, best]) == [0, 0]  # a tie goes to the earlier option
+    assert choose(dispatch, [Shape(dims={"N": 10})], [best, small]) is None  # N > 100 has no timed shape
+
+
+@pytest.mark.parametrize("dispatch, field, says", [
+    ('symbol = "M"\nedges = [10]', "dispatch.cpu.symbol", "no argument has a dimension that is exactly 'M'"),
+    ('symbol = "N"\nedges = [100, 10]', "dispatch.cpu.edges", "ascending integers >= 1"),
+    ('symbol = "N"\nedges = []', "dispatch.cpu.edges", "at least 1 item"),
+])  # fmt: skip
+def test_kernel_toml_dispatch_errors_name_the_field(tmp_path, dispatch, field, says):
+    pkg = _with_dispatch(tmp_path, dispatch)
+    with pytest.raises(PackageError) as err:
+        load_spec(pkg)
+    assert f"field '{field}'" in str(err.value) and says in str(err.value) and "kernel.toml" in str(err.value)
+
+
+def _with_dispatch(tmp_path, body: str):
+    pkg = tmp_path / "tradeoff"
+    shutil.copytree(TRADEOFF, pkg)
+    with open(pkg / "kernel.toml", "a") as f:
+        f.write(f"\n[dispatch.cpu]\n{body}\n")
+    return pkg
+
+
+@pytest.mark.slow
+def test_a_run_keeps_one_library_with_the_fastest_values_of_each_bucket(temporal_server, kopt_home, tmp_path):
+    """tradeoff: MODE 1 is ~16x faster below N = 4096 and ~1.5x slower above, so the search alone keeps
+    the baseline (the shape guard refuses MODE 1); with buckets at 4095 the run keeps MODE 1 for the small
+    calls and MODE 0 for the large ones, in one library, correct at N = 4095 and 4096."""
+    pkg = _with_dispatch(tmp_path, 'symbol = "N"\nedges = [4095]')
+    settings = Settings()
+    req = prepare_request(pkg, "cpu", None, 1, "offline", 0, settings)
+
+    async def run():
+        async with cpu_cluster(temporal_server.address, settings) as client:
+            return await client.execute_workflow(queues.WORKFLOW_NAME, req, id=f"dispatch-{uuid.uuid4()}",
+                                                 task_queue=queues.WORKFLOW_QUEUE, result_type=OptimizeResult)
+
+    result = asyncio.run(run())
+    (mode1,) = [r for r in result.rounds if r.tunables.get("MODE") == 1]
+    assert mode1.regressions == ["N=8192 float32"] and not mode1.accepted
+    sp = result.specialized
+    assert sp is not None and sp.buckets == ["N <= 4095", "N > 4095"]
+    assert sp.settings == [{"MODE": 1}, {"MODE": 0}]
+    assert sp.picked_from == [mode1.candidate_id, req.baseline.id]
+    assert sp.correct and sp.accepted and not sp.regressions, sp.reason
+    assert result.best.candidate_id == sp.candidate_id and result.best.speedup_geomean > 2
+    speed = {s.shape: s.speedup for s in result.best.per_shape}
+    assert speed["N=1024"] > 4 and 0.9 < speed["N=8192"] < 1.1
+    assert "namespace kopt_bucket1" in result.best.source
+    edges = {s.label for s in edge_shapes(load_spec(pkg), "cpu", load_spec(pkg).dispatch["cpu"])}
+    assert edges == {"N=4095", "N=4096"} and edges <= set(sp.tested)  # both copies checked where they switch
+    report = build_report("r", "t", req, result, None)
+    assert report["specialized"]["accepted"]
+    markdown = render_markdown(report, "kernel.cpp")
+    assert "kept as the best" in markdown and f"## Best: `{sp.candidate_id}` (shape-specialized)" in markdown
+
+
+ASTRA = ["silu_and_mul", "fused_add_rmsnorm", "merge_attn_states_lse"]
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_the_astra_sources_build_as_shape_specialized_libraries(tmp_path, target):
+    """Every Astra kernel's source, in two copies with different values of each tunable, builds with
+    kopt's compile command (g++ or nvcc): templates, kernels, constants and helpers in namespaces."""
+    sources = {}
+    for name in ASTRA:
+        spec = load_spec(REPO / "kernels" / name)
+        base = (REPO / "kernels" / name / spec.sources[target]).read_text()
+        symbol = spec.arguments[0].shape[0]  # the token count: a plain first dimension in all three
+        changed = {t.name: next(v for v in t.values if v != read_tunables(base, [t.name])[t.name])
+                   for t in spec.tunables_for(target)}  # fmt: skip
+        source = specialized_source(spec, base, Dispatch(symbol=symbol, edges=[64]), [changed, {}])
+        sources[name] = tmp_path / f"{name}{'.cu' if target == 'cuda' else '.cpp'}"
+        sources[name].write_text(source)
+    compile_all(target, sources, tmp_path, ["-O2"])
