@@ -24,10 +24,13 @@ import math
 import re
 
 from kopt.models import Dispatch, KernelSpec, Shape, ShapeSpeedup, Target
-from kopt.package import apply_tunables, empty_range, plain_dimension
+from kopt.package import PackageError, apply_tunables, empty_range, plain_dimension
 
 INCLUDE_LINE = re.compile(r"^[ \t]*#[ \t]*include\b.*$", re.M)
 DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)", re.M)
+# The generated source travels inline in activity inputs and workflow history (as every candidate's
+# does): past this size the step builds nothing rather than push a run's history toward its limits.
+MAX_SOURCE_BYTES = 512 << 10
 
 
 def bucket_of(dispatch: Dispatch, value: int) -> int:
@@ -76,7 +79,8 @@ def choose(dispatch: Dispatch, shapes: list[Shape],
 
 def specialized_source(spec: KernelSpec, source: str, dispatch: Dispatch, settings: list[dict[str, int]]) -> str:
     """One source whose entry point calls, for each bucket, a copy of `source` with that bucket's
-    tunable values (settings[i] for bucket i). Raises PackageError when a value cannot be applied."""
+    tunable values (settings[i] for bucket i). Raises PackageError when a value cannot be applied or
+    the result would exceed MAX_SOURCE_BYTES."""
     assert len(settings) == len(dispatch.edges) + 1
     entry = spec.entry
     where = plain_dimension(spec, dispatch.symbol)
@@ -111,7 +115,11 @@ def specialized_source(spec: KernelSpec, source: str, dispatch: Dispatch, settin
         out.append(f"  if (v >= 0 && v <= {edge}) return kopt_bucket{k}::{entry}_bucket{k}(args, nargs, stream);")
     k = distinct.index(settings[-1])
     out += [f"  return kopt_bucket{k}::{entry}_bucket{k}(args, nargs, stream);", "}", ""]
-    return "\n".join(out)
+    text = "\n".join(out)
+    if len(text.encode()) > MAX_SOURCE_BYTES:
+        raise PackageError(f"the shape-specialized source would be {len(text.encode()) >> 10} KiB, over the "
+                           f"{MAX_SOURCE_BYTES >> 10} KiB a candidate may carry")  # fmt: skip
+    return text
 
 
 def edge_shapes(spec: KernelSpec, target: Target, dispatch: Dispatch) -> list[Shape]:

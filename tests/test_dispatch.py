@@ -84,6 +84,15 @@ def test_each_bucket_s_copy_answers_on_its_side_of_every_edge(tmp_path):
     assert bucket_labels(dispatch) == ["N <= 16", "16 < N <= 256", "N > 256"]
 
 
+def test_a_source_the_step_cannot_use_raises_package_error_which_the_workflow_reports():
+    spec, dispatch = tagged_spec(), tagged_spec().dispatch["cpu"]
+    with pytest.raises(PackageError, match="TAG"):  # an LLM-written best without the tunable's #define
+        specialized_source(spec, TAGGED.replace("#define TAG 0", ""), dispatch, [{"TAG": 1}, {"TAG": 2}, {"TAG": 3}])
+    bulky = TAGGED + "// padding\n" * 20_000  # ~240 KiB: three copies exceed what a candidate may carry
+    with pytest.raises(PackageError, match="KiB"):
+        specialized_source(spec, bulky, dispatch, [{"TAG": 1}, {"TAG": 2}, {"TAG": 3}])
+
+
 def _speedups(values: dict[str, float]) -> list[ShapeSpeedup]:
     return [ShapeSpeedup(shape=k, dtype="float32", baseline_us=1.0, candidate_us=1 / v, speedup=v)
             for k, v in values.items()]
@@ -120,21 +129,44 @@ def _with_dispatch(tmp_path, body: str):
     return pkg
 
 
+def _run_offline(server, pkg, rounds: int = 1):
+    settings = Settings()
+    req = prepare_request(pkg, "cpu", None, rounds, "offline", 0, settings)
+
+    async def run():
+        async with cpu_cluster(server.address, settings) as client:
+            return await client.execute_workflow(queues.WORKFLOW_NAME, req, id=f"dispatch-{uuid.uuid4()}",
+                                                 task_queue=queues.WORKFLOW_QUEUE, result_type=OptimizeResult)
+
+    return req, asyncio.run(run())
+
+
+@pytest.mark.slow
+def test_a_setting_wrong_only_where_its_bucket_ends_is_caught_at_the_edge(temporal_server, kopt_home, tmp_path):
+    """The candidate that would beat a dispatch tested only at the package's shapes: MODE 1 is wrong at
+    N = 4095 alone, a size no search shape or derived edge shape hits, so the search measures it as
+    correct; in the specialized library it serves N <= 4095, and the edge shapes catch it there."""
+    pkg = _with_dispatch(tmp_path, 'symbol = "N"\nedges = [4095]')
+    kernel = pkg / "kernel.cpp"
+    text = kernel.read_text()
+    assert text.count("  return KOPT_OK;") == 1
+    kernel.write_text(text.replace("  return KOPT_OK;", "  if (MODE && n == 4095) out[n - 1] += 1.0f;\n  return KOPT_OK;"))
+    req, result = _run_offline(temporal_server, pkg)
+    (mode1,) = [r for r in result.rounds if r.tunables.get("MODE") == 1]
+    assert mode1.correct  # the search never saw N = 4095
+    sp = result.specialized
+    assert sp.settings == [{"MODE": 1}, {"MODE": 0}] and "N=4095" in sp.tested
+    assert not sp.correct and not sp.accepted and "N=4095" in sp.reason, sp.reason
+    assert result.best.candidate_id == req.baseline.id
+
+
 @pytest.mark.slow
 def test_a_run_keeps_one_library_with_the_fastest_values_of_each_bucket(temporal_server, kopt_home, tmp_path):
     """tradeoff: MODE 1 is ~16x faster below N = 4096 and ~1.5x slower above, so the search alone keeps
     the baseline (the shape guard refuses MODE 1); with buckets at 4095 the run keeps MODE 1 for the small
     calls and MODE 0 for the large ones, in one library, correct at N = 4095 and 4096."""
     pkg = _with_dispatch(tmp_path, 'symbol = "N"\nedges = [4095]')
-    settings = Settings()
-    req = prepare_request(pkg, "cpu", None, 1, "offline", 0, settings)
-
-    async def run():
-        async with cpu_cluster(temporal_server.address, settings) as client:
-            return await client.execute_workflow(queues.WORKFLOW_NAME, req, id=f"dispatch-{uuid.uuid4()}",
-                                                 task_queue=queues.WORKFLOW_QUEUE, result_type=OptimizeResult)
-
-    result = asyncio.run(run())
+    req, result = _run_offline(temporal_server, pkg)
     (mode1,) = [r for r in result.rounds if r.tunables.get("MODE") == 1]
     assert mode1.regressions == ["N=8192 float32"] and not mode1.accepted
     sp = result.specialized
