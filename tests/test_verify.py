@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -153,3 +154,30 @@ def test_the_gate_on_cuda_passes_the_baseline_and_fails_a_wrong_kernel(tmp_path)
     failed = [k for k, c in by.items() if c.find("failure") is not None]
     assert failed and all(k.startswith("correctness/") for k in failed), failed
     assert not [k for k in by if k.startswith("timing/")]
+
+
+def test_a_candidate_that_wins_on_the_bench_shapes_and_loses_on_a_held_out_one_is_an_overfit(tmp_path):
+    """tradeoff with bench N=1024 and held-out N=8192: MODE 1 is ~16x faster at the bench shape and ~1.5x
+    slower at the held-out one, so the gate fails it (exit 3, OVERFIT) unless told --no-holdout."""
+    pkg = tmp_path / "tradeoff"
+    shutil.copytree(REPO / "tests" / "fixtures" / "tradeoff", pkg)
+    toml = (pkg / "kernel.toml").read_text()
+    old = "bench = [{ N = 1024 }, { N = 8192 }]"
+    assert toml.count(old) == 1
+    (pkg / "kernel.toml").write_text(toml.replace(old, "bench = [{ N = 1024 }]\nholdout = [{ N = 8192 }]"))
+    candidate = tmp_path / "mode1.cpp"
+    candidate.write_text((pkg / "kernel.cpp").read_text().replace("#define MODE 0", "#define MODE 1"))
+    out, err = io.StringIO(), io.StringIO()
+    code = asyncio.run(verify(pkg, candidate, "cpu", junit_path=tmp_path / "j.xml", json_path=tmp_path / "v.json",
+                              time_cap_s=0.2, out=out, err=err))  # fmt: skip
+    assert code == EXIT_SLOWER, out.getvalue()
+    assert "OVERFIT" in out.getvalue() and "held-out shape" in out.getvalue()
+    record = json.loads((tmp_path / "v.json").read_text())
+    assert record["holdout_shapes"] == ["N=8192"]
+    assert [(r["shape"], r["held_out"]) for r in record["regressions"]] == [("N=8192", True)]
+    _, by = cases(tmp_path / "j.xml")
+    assert by["timing/N=8192 float32 (held-out)"].find("failure") is not None
+    assert by["timing/N=1024 float32"].find("failure") is None
+    assert any(k.startswith("correctness/N=8192 float32") for k in by)  # tested there too, not only timed
+    code = asyncio.run(verify(pkg, candidate, "cpu", time_cap_s=0.2, holdout=False, out=io.StringIO(), err=err))
+    assert code == EXIT_PASS

@@ -178,6 +178,8 @@ def _parser() -> argparse.ArgumentParser:
     ver.add_argument("--json", type=Path, default=None, help="write the verdict as JSON here")
     ver.add_argument("--max-slowdown", type=float, default=0.02,
                      help="a shape fails when its whole 95%% interval is slower than this fraction (default 0.02)")
+    ver.add_argument("--no-holdout", dest="holdout", action="store_false",
+                     help="leave out the package's held-out shapes (tested and timed by default)")
     ver.set_defaults(func=_cmd_verify)
 
     runs = sub.add_parser("runs", help="list runs (kernel, status, round, best speedup)")
@@ -289,7 +291,7 @@ async def _cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     from kopt.app.verify import verify
 
     return await verify(args.kernel_dir, args.candidate, args.target, args.flags, args.baseline, args.junit, args.json,
-                        args.max_slowdown)
+                        args.max_slowdown, holdout=args.holdout)
 
 
 async def _cmd_workload(args: argparse.Namespace, settings: Settings) -> int:

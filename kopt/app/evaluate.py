@@ -23,7 +23,7 @@ from gpu_worker import runner
 from kopt.build import Toolchain, build, detect_toolchain
 from kopt.errors import UsageError
 from kopt.flags import check_flags
-from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef, ProfileResult, TestResult
+from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef, ProfileResult, Shape, TestResult
 from kopt.package import PackageError, load_spec, source_path
 
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
@@ -68,10 +68,12 @@ def check_inputs(kernel_dir: Path, candidate: Path, target: str | None, flags: l
 
 async def judge(kernel_dir: Path, spec: KernelSpec, target: str, tc: Toolchain, candidate: Path,
                 flags: list[str] | None = None, baseline: Path | None = None, *, time_cap_s: float | None = None,
-                timeout_s: float = 900.0, seed: int = 0, progress=lambda text: None) -> Judgement:  # fmt: skip
+                timeout_s: float = 900.0, seed: int = 0, progress=lambda text: None,
+                holdout: list[Shape] | None = None) -> Judgement:  # fmt: skip
     """Build the baseline (the package's source, or `baseline`, with the package's flags) and the
     candidate (the package's flags, or `flags`), statically check, test against the reference (the
-    baseline loaded for calibrated tolerances) and profile A/B against the baseline. No Temporal."""
+    baseline loaded for calibrated tolerances) and profile A/B against the baseline. `holdout`: shapes
+    tested and timed beside the test and bench shapes, marked held-out in the verdict. No Temporal."""
     source = candidate.read_text()
     package_flags = spec.build[target].flags if target in spec.build else []
     cand_flags = package_flags if flags is None else flags
@@ -80,7 +82,8 @@ async def judge(kernel_dir: Path, spec: KernelSpec, target: str, tc: Toolchain, 
                      "reason": None, "static_violations": [], "per_shape": [], "speedup_geomean": None,
                      "speedup_ci": None, "verdict": None, "device": None, "copy_bandwidth_gbs": None,
                      "notes": [], "seconds": {}, "compiler_flags": cand_flags,
-                     "baseline": str(baseline) if baseline else "package source"}  # fmt: skip
+                     "baseline": str(baseline) if baseline else "package source",
+                     "holdout_shapes": [h.label for h in holdout or []]}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="kopt-evaluate-") as tmp:
         progress(f"building baseline and candidate with {tc.name}")
         base_build, cand_build = await asyncio.gather(
@@ -100,7 +103,8 @@ async def judge(kernel_dir: Path, spec: KernelSpec, target: str, tc: Toolchain, 
         def request(kind: str) -> ExecRequest:
             return ExecRequest(
                 package=PackageRef(spec=spec, files=_NO_ARTIFACT, baseline_sources={}), target=target,
-                candidate_id=candidate.stem, library=_NO_ARTIFACT, shapes=getattr(shapes, kind), dtypes=spec.dtypes,
+                candidate_id=candidate.stem, library=_NO_ARTIFACT, shapes=[*getattr(shapes, kind), *(holdout or [])],
+                dtypes=spec.dtypes,
                 seed=seed, timeout_s=timeout_s, source=source, baseline_id="baseline", time_cap_s=time_cap_s,
             )  # fmt: skip
 
@@ -167,6 +171,7 @@ def _take_profile(verdict: dict, profiled: ProfileResult) -> None:
             "baseline_us": s.baseline_us if s else None, "speedup": s.speedup if s else None,
             "speedup_ci": [s.ci_low, s.ci_high] if s else None, "gbytes_per_s": t.gbytes_per_s,
             "pct_sol": t.pct_sol, "samples": t.samples, "flags": t.flags,
+            "held_out": t.shape in verdict.get("holdout_shapes", []),
         })  # fmt: skip
     if profiled.ab is not None:
         verdict["speedup_geomean"] = profiled.ab.speedup_geomean

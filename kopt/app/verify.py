@@ -1,12 +1,15 @@
 """`kopt verify`: the regression gate a kernel pipeline runs on every change to a kernel.
 
     kopt verify KERNEL_DIR --candidate FILE [--target cpu|cuda] [--flags=-O3,...] [--baseline FILE]
-                [--junit PATH] [--json PATH] [--max-slowdown F]
+                [--junit PATH] [--json PATH] [--max-slowdown F] [--no-holdout]
 
 The candidate is judged exactly as `kopt evaluate` judges it (kopt/app/evaluate.judge: the harness
 of docs/measurement.md, no Temporal server): static checks, the test against the package reference
 with the baseline loaded for calibration, and the profile interleaved A/B against the baseline (the
-package's own source, or `--baseline`, e.g. the kernel on the main branch). Exit codes:
+package's own source, or `--baseline`, e.g. the kernel on the main branch). The package's declared
+held-out shapes (kernel.toml `holdout`) are tested and timed beside the test and bench shapes
+(unless --no-holdout): a candidate that wins on the bench shapes and is slower at a held-out one is
+an OVERFIT, exit 3. Exit codes:
 
     0  pass: correct, and no shape statistically slower than the baseline beyond --max-slowdown
     1  wrong: does not compile, fails a static check, a correctness check or a timing re-check
@@ -47,7 +50,10 @@ def decide(judged: Judgement, max_slowdown: float) -> tuple[int, str]:
     slow = regressions(v, max_slowdown)
     if slow:
         worst = min(slow, key=lambda s: s["speedup"])
-        return EXIT_SLOWER, (f"slower than the baseline beyond {max_slowdown:.1%} at {len(slow)} shape(s); worst "
+        overfit = all(s.get("held_out") for s in slow)  # the bench shapes pass; only shapes it never saw fail
+        return EXIT_SLOWER, (("OVERFIT: passes on the bench shapes but is " if overfit else "")
+                             + f"slower than the baseline beyond {max_slowdown:.1%} at {len(slow)} "
+                             + ("held-out " if overfit else "") + f"shape(s); worst "
                              f"{worst['shape']} {worst['dtype']}: {worst['speedup']:.3f}x "
                              f"[{worst['speedup_ci'][0]:.3f}, {worst['speedup_ci'][1]:.3f}]")  # fmt: skip
     gm = v["speedup_geomean"]
@@ -104,7 +110,8 @@ def junit(judged: Judgement | None, code: int, summary: str, kernel: str, target
             text = (f"baseline {s['baseline_us']:.2f} us, candidate {s['candidate_us']:.2f} us, speedup "
                     f"{s['speedup']:.3f}x, 95% CI [{s['speedup_ci'][0]:.3f}, {s['speedup_ci'][1]:.3f}] "
                     f"({s['mode']}; limit {1 / (1 + max_slowdown):.3f})")  # fmt: skip
-            case("timing", f"{s['shape']} {s['dtype']}", (s["shape"], s["dtype"]) not in slow, text)
+            case("timing", f"{s['shape']} {s['dtype']}" + (" (held-out)" if s.get("held_out") else ""),
+                 (s["shape"], s["dtype"]) not in slow, text)
     for k, n in counts.items():
         suite.set(k, str(n))
     suite.set("time", f"{seconds:.3f}")
@@ -120,7 +127,7 @@ def junit(judged: Judgement | None, code: int, summary: str, kernel: str, target
 async def verify(kernel_dir: Path, candidate: Path, target: str | None = None, flags: list[str] | None = None,
                  baseline: Path | None = None, junit_path: Path | None = None, json_path: Path | None = None,
                  max_slowdown: float = DEFAULT_MAX_SLOWDOWN, *, time_cap_s: float | None = None, seed: int = 0,
-                 out: TextIO | None = None, err: TextIO | None = None) -> int:  # fmt: skip
+                 holdout: bool = True, out: TextIO | None = None, err: TextIO | None = None) -> int:  # fmt: skip
     out, err = out or sys.stdout, err or sys.stderr
     kernel_dir, candidate = Path(kernel_dir), Path(candidate)
     try:
@@ -137,7 +144,8 @@ async def verify(kernel_dir: Path, candidate: Path, target: str | None = None, f
     judged: Judgement | None = None
     try:
         judged = await judge(kernel_dir, spec, target, tc, candidate, flags, baseline, time_cap_s=time_cap_s,
-                             seed=seed, progress=lambda text: err.write(f"kopt verify: {text} ...\n"))  # fmt: skip
+                             seed=seed, progress=lambda text: err.write(f"kopt verify: {text} ...\n"),
+                             holdout=spec.shapes[target].holdout if holdout else None)  # fmt: skip
         code, summary = decide(judged, max_slowdown)
     except Exception as exc:  # noqa: BLE001 - the harness itself failed: the pipeline must see "infrastructure"
         code, summary = EXIT_INFRA, f"infrastructure failure: {type(exc).__name__}: {exc}"
