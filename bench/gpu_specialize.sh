@@ -11,12 +11,12 @@ k=$1; rounds=${2:-6}; reps=${3:-50}
 source bench/gpu_env.sh || exit 1
 class=$(python3 -c "from gpu_worker.device import local_gpus; print(local_gpus()[0][2])")
 start=$(date +%s)
-timeout 380 python3 -m kopt.app.cli optimize kernels/$k --target cuda --gpu-class "$class" --rounds "$rounds" \
+timeout $((60 + rounds * 30)) python3 -m kopt.app.cli optimize kernels/$k --target cuda --gpu-class "$class" --rounds "$rounds" \
   --workload "bench/workloads/$k.toml" --report-dir "$out/report-$k" > "$out/optimize-$k.log" 2>&1
 echo "$k: rc $? in $(( $(date +%s) - start )) s"
 grep -E "round|shape-specialized|held-out|best:" "$out/optimize-$k.log" | tail -40
 if [ -f "$out/report-$k/report.json" ]; then
   include=(); [ -d .peers ] && include=(--include .peers)
-  timeout 170 python3 bench/peers.py run "${include[@]}" --kernels "$k" --best "$k=$out/report-$k/report.json" \
+  timeout 120 python3 bench/peers.py run "${include[@]}" --kernels "$k" --best "$k=$out/report-$k/report.json" \
     --reps "$reps" --out "$out" 2>&1 | tail -30
 fi

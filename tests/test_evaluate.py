@@ -72,7 +72,7 @@ def test_human_readable_verdict():
         (TESTS / "no-such-package", SCALE2 / "kernel.cpp", "cpu", "not found"),
         (SCALE2, TESTS / "no-such-file.cpp", "cpu", "not found"),
         (SCALE2, SCALE2 / "kernel.cpp", "tpu", "unknown target"),
-        (SCALE2, SCALE2 / "kernel.cpp", "cuda", "no target 'cuda'"),
+        (SCALE2, SCALE2 / "kernel.cpp", "cuda", "has no 'cuda' target"),
     ],
 )
 def test_usage_errors_exit_2(kernel_dir, candidate, target, message):

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import TextIO
 
 from gpu_worker import runner
-from kopt.build import Toolchain, build, detect_toolchain
+from kopt.app.inputs import package_and_toolchain
+from kopt.build import Toolchain, build
 from kopt.errors import UsageError
 from kopt.flags import check_flags
 from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef, ProfileResult, Shape, TestResult
-from kopt.package import PackageError, load_spec, source_path
+from kopt.package import source_path
 
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
 _NO_ARTIFACT = ArtifactRef(sha256="0" * 64, size=0, uri="file:///dev/null")  # libraries are local paths here
@@ -46,23 +47,13 @@ def check_inputs(kernel_dir: Path, candidate: Path, target: str | None, flags: l
     """The package, target and toolchain of a judging command; UsageError names what is wrong."""
     if target is None:
         target = "cuda" if candidate.suffix == ".cu" else "cpu"
-    if target not in ("cpu", "cuda"):
-        raise UsageError(f"unknown target {target!r}; use cpu or cuda")
-    try:
-        spec = load_spec(kernel_dir)
-    except PackageError as exc:
-        raise UsageError(str(exc)) from None
-    if target not in spec.targets:
-        raise UsageError(f"{kernel_dir}: package has no target {target!r} (targets: {', '.join(spec.targets)})")
     for path, what in ((candidate, "candidate"), (baseline, "baseline")):
         if path is not None and not path.is_file():
             raise UsageError(f"{path}: {what} source not found")
-    problems = check_flags(flags or [], target)
+    problems = check_flags(flags or [], target) if target in ("cpu", "cuda") else []
     if problems:
         raise UsageError(f"--flags: {problems[0]}")
-    tc = detect_toolchain(target)
-    if tc is None:
-        raise UsageError(f"no compiler for target {target} on this machine ({'nvcc' if target == 'cuda' else 'g++'})")
+    spec, tc = package_and_toolchain(kernel_dir, target)
     return spec, target, tc
 
 

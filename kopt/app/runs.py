@@ -27,7 +27,8 @@ from kopt.errors import RunFailed, UsageError
 from kopt.gpu_classes import KNOWN_GPU_CLASSES
 from kopt.holdout import holdout_shapes, split_workload
 from kopt.models import Candidate, PackageRef
-from kopt.package import PackageError, load_spec, read_tunables
+from kopt.package import read_tunables
+from kopt.app.inputs import package_and_toolchain
 from kopt.app.report import build_report, write_report
 from kopt.run_models import OptimizeRequest, OptimizeResult, Progress
 from kopt.settings import Settings
@@ -52,17 +53,7 @@ def prepare_request(kernel_dir: Path, target: str, gpu_class: str | None, rounds
         gpu_class = gpu_class or queues.DEFAULT_GPU_CLASS
         if gpu_class not in KNOWN_GPU_CLASSES:
             raise UsageError(f"unknown GPU class {gpu_class!r}; known: {', '.join(KNOWN_GPU_CLASSES)}")
-    try:
-        spec = load_spec(kernel_dir)
-    except PackageError as exc:
-        raise UsageError(str(exc)) from None
-    if target not in spec.targets:
-        raise UsageError(f"{Path(kernel_dir) / 'kernel.toml'}: field 'targets': {spec.name} has no {target!r} target "
-                         f"(it has {', '.join(spec.targets)})")
-    toolchain = build.detect_toolchain(target)
-    if toolchain is None:
-        raise UsageError("no CUDA compiler: nvcc not found on PATH or in /usr/local/cuda/bin" if target == "cuda"
-                         else "no C++ compiler: g++ not found on PATH")
+    spec, toolchain = package_and_toolchain(kernel_dir, target)
     source = (Path(kernel_dir) / spec.sources[target]).read_text()
     flags = list(spec.build[target].flags) if target in spec.build else []
     tunables = read_tunables(source, [t.name for t in spec.tunables_for(target)])
