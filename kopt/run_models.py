@@ -204,6 +204,7 @@ class SpecializedResult(BaseModel):
     speedup_ci: list[float] | None = None
     per_shape: list[ShapeSpeedup] = Field(default_factory=list)
     regressions: list[str] = Field(default_factory=list)
+    bucket_gains: list[float] = Field(default_factory=list)  # per bucket: its geomean speedup over the best's
     accepted: bool = False  # became the best
     reason: str | None = None  # why nothing was built, or why it was not accepted
 
