@@ -55,6 +55,8 @@ FILE_READS = [
     (re.compile(r"#[ \t]*import\b|#[ \t]*pragma[ \t]+(?:GCC[ \t]+)?(?:dependency|include_alias|poison_file)"),
      "makes the preprocessor read a file (#import, #pragma dependency)"),
     (re.compile(r"\b_Pragma\s*\("), "_Pragma (a pragma built from a string)"),
+    # red team, 2026-11-23: a gas macro spells the directive from its argument (".\\a" with a = include)
+    (re.compile(r"\.(?:macro|irpc?|rept|altmacro|purgem)\b"), "defines assembler macros (which can spell .include)"),
 ]  # fmt: skip
 
 

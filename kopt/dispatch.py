@@ -8,19 +8,23 @@ library from the best's source:
 - the source's `#include` lines are hoisted to the top (every allowed header is include-guarded),
 - one copy of the rest per distinct setting, each in a namespace `kopt_bucket<k>`, its tunable
   `#define`s rewritten, every macro the source defines `#undef`'d before it, and its entry point
-  renamed by a macro to `<entry>_bucket<k>`,
+  renamed in the text to `<entry>_bucket<k>` (not by a macro, which the source could test for),
 - an entry point of the package's name that reads the symbol from the call's shapes and calls
   the copy of its bucket (a call whose shapes do not even have that dimension goes to the last
   bucket, whose copy rejects it as the package's kernel would).
 
 The result is an ordinary candidate: compiled, tested (at the bucket edges too) and timed like
-any other before it may become the best. Pure string work, importable in the workflow.
+any other before it may become the best. A source that could tell a copy from the candidate that
+was measured (its function's name, line numbers, a counter, a weak reference to a copy's symbol)
+is not built: it could behave differently only in the library kopt generates (CONTEXT_PROBES).
+Pure string work, importable in the workflow.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+import random
 import re
 
 from kopt.models import Dispatch, KernelSpec, Shape, ShapeSpeedup, Target
@@ -31,6 +35,12 @@ DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)", re.M)
 # The generated source travels inline in activity inputs and workflow history (as every candidate's
 # does): past this size the step builds nothing rather than push a run's history toward its limits.
 MAX_SOURCE_BYTES = 512 << 10
+# What a copy could observe about where it is compiled (red team, 2026-11-23): the enclosing
+# function's or namespace's name, its line, a TU-wide counter, the file, and weak symbols (whether a
+# copy's renamed entry exists).
+CONTEXT_PROBES = re.compile(r"__(?:PRETTY_)?FUNCTION__|\b__func__\b|__COUNTER__|__LINE__|__FILE__|__BASE_FILE__|"
+                            r"__FILE_NAME__|__INCLUDE_LEVEL__|__builtin_(?:FUNCTION|LINE|FILE|COLUMN|source_location)|"
+                            r"\bweak\b|__weak__|\bkopt_bucket")
 
 
 def bucket_of(dispatch: Dispatch, value: int) -> int:
@@ -83,6 +93,10 @@ def specialized_source(spec: KernelSpec, source: str, dispatch: Dispatch, settin
     the result would exceed MAX_SOURCE_BYTES."""
     assert len(settings) == len(dispatch.edges) + 1
     entry = spec.entry
+    probe = CONTEXT_PROBES.search(source)
+    if probe:
+        raise PackageError(f"the source uses {probe.group(0)!r}, with which a copy could tell it is not the "
+                           f"candidate that was measured")  # fmt: skip
     where = plain_dimension(spec, dispatch.symbol)
     assert where is not None  # kernel.toml checks it
     arg, dim = where
@@ -104,8 +118,8 @@ def specialized_source(spec: KernelSpec, source: str, dispatch: Dispatch, settin
            *(f"//   {label}: copy {distinct.index(s)} {s}" for label, s in zip(labels, settings)),
            *includes]  # fmt: skip
     for k, values in enumerate(distinct):
-        out += [*undef, f"#define {entry} {entry}_bucket{k}", f"namespace kopt_bucket{k} {{",
-                apply_tunables(body, values), f"}}  // namespace kopt_bucket{k}", f"#undef {entry}"]
+        copy = re.sub(rf"\b{re.escape(entry)}\b", f"{entry}_bucket{k}", apply_tunables(body, values))
+        out += [*undef, f"namespace kopt_bucket{k} {{", copy, f"}}  // namespace kopt_bucket{k}"]
     out += undef
     out += [f'extern "C" __attribute__((visibility("default"))) int {entry}(const kopt_tensor *args, int32_t nargs,',
             "                                                        void *stream) {",
@@ -120,6 +134,25 @@ def specialized_source(spec: KernelSpec, source: str, dispatch: Dispatch, settin
         raise PackageError(f"the shape-specialized source would be {len(text.encode()) >> 10} KiB, over the "
                            f"{MAX_SOURCE_BYTES >> 10} KiB a candidate may carry")  # fmt: skip
     return text
+
+
+def interior_shapes(spec: KernelSpec, target: Target, dispatch: Dispatch, seed: int) -> list[Shape]:
+    """One test shape strictly inside each bucket, drawn by the run's seed (log-uniform; the last
+    bucket up to 4x its lower edge), the other symbols from the package's first test shape: the copies
+    are checked between the edges too, at sizes no search shape fixed in advance."""
+    rng = random.Random(f"{spec.name}/{target}/dispatch/{seed}")
+    base = spec.shapes[target].test[0].dims
+    bounds = [1, *(e + 1 for e in dispatch.edges)]
+    out = []
+    for i, low in enumerate(bounds):
+        high = dispatch.edges[i] if i < len(dispatch.edges) else 4 * low
+        if high - low < 2:
+            continue
+        value = min(high - 1, max(low + 1, round(math.exp(rng.uniform(math.log(low + 1), math.log(high - 1))))))
+        dims = {**base, dispatch.symbol: value}
+        if empty_range(spec, dims) is None:
+            out.append(Shape(dims=dims))
+    return out
 
 
 def edge_shapes(spec: KernelSpec, target: Target, dispatch: Dispatch) -> list[Shape]:

@@ -257,9 +257,10 @@ def test_the_jail_hides_the_host_and_holds_its_limits(tmp_path, planted):
     (["-O3"], ['#/**/include "/tmp/kopt-hostile/secret.txt"']),
     (["-O3"], ['asm(".inc" "lude \\"/tmp/kopt-hostile/secret.txt\\"");']),
     (["-O3"], ['#define PART ".inc"', 'asm(PART "bin \\"/tmp/kopt-hostile/secret.txt\\"");']),
+    (["-O3"], [r'asm(".macro zz a\n.\\a \"/tmp/kopt-hostile/secret.txt\"\n.endm\nzz include");']),
 ], ids=["Wa-at-file", "fdump", "Xcompiler-Wa", "include-option", "Xptxas-next-item", "include-abs", "include-macro",
         "incbin", "has_include", "pragma-dependency", "digraph", "trigraph", "line-splice", "comment-in-directive",
-        "asm-concatenated", "asm-macro"])  # fmt: skip
+        "asm-concatenated", "asm-macro", "gas-macro"])  # fmt: skip
 def test_compile_time_file_access_is_refused_before_the_compiler_runs(tmp_path, planted, target, flags, prefix):
     tc = detect_toolchain(target)
     if tc is None:

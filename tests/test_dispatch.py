@@ -14,7 +14,7 @@ import torch
 from kopt import queues
 from kopt.app.report import build_report, render_markdown
 from kopt.app.runs import prepare_request
-from kopt.dispatch import bucket_labels, bucket_of, choose, edge_shapes, specialized_source
+from kopt.dispatch import bucket_labels, bucket_of, choose, edge_shapes, interior_shapes, specialized_source
 from kopt.models import Dispatch, KernelSpec, Shape, ShapeSpeedup
 from kopt.package import PackageError, load_spec, read_tunables
 from kopt.run_models import OptimizeResult
@@ -91,6 +91,45 @@ def test_a_source_the_step_cannot_use_raises_package_error_which_the_workflow_re
     bulky = TAGGED + "// padding\n" * 20_000  # ~240 KiB: three copies exceed what a candidate may carry
     with pytest.raises(PackageError, match="KiB"):
         specialized_source(spec, bulky, dispatch, [{"TAG": 1}, {"TAG": 2}, {"TAG": 3}])
+
+
+# The red team's probes (2026-11-23): a source that behaves differently once it is a copy in a
+# specialized library could be wrong only there, between the shapes the library is tested at.
+SEES_THE_MACRO = TAGGED.replace("#define TAG 0", "#define TAG 0\n#ifdef kopt_tagged\n#define SEEN 1\n#else\n#define SEEN 0\n#endif").replace(
+    "out[0] = (float)(TAG * 1000 + ++calls);", "out[0] = (float)(TAG * 1000 + ++calls + SEEN * 100000);")
+
+
+def test_a_copy_cannot_tell_by_the_entry_name_that_it_is_a_copy(tmp_path):
+    """The entry is renamed in the text, not by a macro: `#ifdef ENTRY` is false in every copy, as in
+    the candidate that was measured (it was true when a macro did the renaming)."""
+    from gpu_worker.abi import Kernel, Packed
+
+    spec, dispatch = tagged_spec(), tagged_spec().dispatch["cpu"]
+    source = specialized_source(spec, SEES_THE_MACRO, dispatch, [{"TAG": 1}, {"TAG": 2}, {"TAG": 3}])
+    (tmp_path / "kernel.cpp").write_text(source)
+    kernel = Kernel(str(compile_all("cpu", {"k": tmp_path / "kernel.cpp"}, tmp_path)["k"]), "kopt_tagged", None)
+    for n, tag in ((5, 1), (100, 2), (1000, 3)):
+        x, out = torch.ones(n), torch.zeros(n)
+        assert kernel(Packed([x, out])) == 0 and out[0].item() == tag * 1000 + 1, n
+
+
+@pytest.mark.parametrize("probe", ["__PRETTY_FUNCTION__", "__func__", "__COUNTER__", "__LINE__",
+                                   "__builtin_FUNCTION()", "__attribute__((weak))", "kopt_bucket0"])
+def test_a_source_that_could_observe_where_it_is_compiled_is_not_specialized(probe):
+    spec, dispatch = tagged_spec(), tagged_spec().dispatch["cpu"]
+    source = TAGGED.replace("static int calls = 0;", f"static int calls = 0;  // {probe}")
+    with pytest.raises(PackageError, match="could tell it is not the candidate"):
+        specialized_source(spec, source, dispatch, [{"TAG": 1}, {"TAG": 2}, {"TAG": 3}])
+
+
+def test_interior_shapes_fall_strictly_inside_each_bucket_and_follow_the_seed():
+    spec = tagged_spec()
+    dispatch = spec.dispatch["cpu"]  # N <= 16, 16 < N <= 256, N > 256
+    for seed in range(20):
+        values = [s.dims["N"] for s in interior_shapes(spec, "cpu", dispatch, seed)]
+        assert len(values) == 3 and 1 < values[0] < 16 and 17 < values[1] < 256 and 257 < values[2] < 4 * 257
+        assert values == [s.dims["N"] for s in interior_shapes(spec, "cpu", dispatch, seed)]
+    assert len({tuple(s.dims["N"] for s in interior_shapes(spec, "cpu", dispatch, k)) for k in range(20)}) > 5
 
 
 def _speedups(values: dict[str, float]) -> list[ShapeSpeedup]:

@@ -67,7 +67,8 @@ with workflow.unsafe.imports_passed_through():
         Usage,
     )
     from kopt.candidates import candidate_id, unified_diff
-    from kopt.dispatch import bucket_labels, bucket_speedup, choose, edge_shapes, specialized_source, split_shapes
+    from kopt.dispatch import (bucket_labels, bucket_speedup, choose, edge_shapes, interior_shapes,
+                               specialized_source, split_shapes)
     from kopt.package import PackageError
 
 # Runs started with LLM_FAULTS_PATCH (docs/decisions/0016): an unusable reply fails its candidate and
@@ -369,7 +370,8 @@ class OptimizeKernel:
         self._event(f"shape-specialized {cand.id}: {plan}")
         outcome = await self._evaluate(req, (SPECIALIZE_ROUND, 0), cand, f"shape-specialized ({plan})",
                                        unified_diff(best.source, source, spec.sources[req.target]),
-                                       [*self._extra_shapes, *edge_shapes(spec, req.target, dispatch)])
+                                       [*self._extra_shapes, *edge_shapes(spec, req.target, dispatch),
+                                        *interior_shapes(spec, req.target, dispatch, req.seed)])
         result.correct = outcome.correct
         if outcome.test is not None:
             result.tested = list(dict.fromkeys(c.shape for c in outcome.test.checks))
