@@ -108,7 +108,7 @@ def specialized_source(spec: KernelSpec, source: str, dispatch: Dispatch, settin
     for line in INCLUDE_LINE.findall(source):
         if line.strip() not in includes:
             includes.append(line.strip())
-    body = INCLUDE_LINE.sub("", source)  # the line stays, empty: line numbers of errors still match
+    body = INCLUDE_LINE.sub("", source)  # hoisted above the copies (each line left empty)
     macros = sorted({m for m in DEFINE.findall(source) if m != entry and not m.startswith("KOPT_")})
     undef = [f"#undef {m}" for m in macros]
     labels = bucket_labels(dispatch)
