@@ -345,7 +345,8 @@ class OptimizeKernel:
             options.append((req.baseline.id, req.baseline.tunables, baseline_per_shape))
         options += [(r.candidate_id, r.tunables, r.per_shape) for r in state.rounds
                     if r.correct and r.per_shape and r.flags == best.flags and r.candidate_id != best.id]
-        picks = choose(dispatch, req.workload or spec.shapes[req.target].bench, [(t, p) for _, t, p in options])
+        timed = req.workload or spec.shapes[req.target].bench  # what every option was timed at
+        picks = choose(dispatch, timed, [(t, p) for _, t, p in options])
         if picks is None:
             result.reason = f"a bucket has no timed shape ({', '.join(result.buckets)})"
             self._event(f"shape-specialized: nothing to build: {result.reason}")
@@ -386,9 +387,8 @@ class OptimizeKernel:
         # A bucket is the unit of specialization: a gain of min_gain in one bucket, with no bucket losing
         # more than that and the objective no lower, is kept even where the weighted objective hardly
         # moves (decode-heavy time hides a prefill win).
-        timed = split_shapes(dispatch, req.workload or spec.shapes[req.target].bench)
         ratios = []
-        for bucket in timed:
+        for bucket in split_shapes(dispatch, timed):
             ours, best_s = bucket_speedup(outcome.per_shape, bucket), bucket_speedup(state.best_summary.per_shape, bucket)
             ratios.append(ours / best_s if ours and best_s else 1.0)
         result.bucket_gains = [round(r, 4) for r in ratios]
