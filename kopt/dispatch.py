@@ -138,31 +138,27 @@ def specialized_source(spec: KernelSpec, source: str, dispatch: Dispatch, settin
 
 def interior_shapes(spec: KernelSpec, target: Target, dispatch: Dispatch, seed: int) -> list[Shape]:
     """One test shape strictly inside each bucket, drawn by the run's seed (log-uniform; the last
-    bucket up to 4x its lower edge), the other symbols from the package's first test shape: the copies
-    are checked between the edges too, at sizes no search shape fixed in advance."""
+    bucket up to 4x its lower edge): the copies are checked between the edges too, at sizes no search
+    shape fixed in advance."""
     rng = random.Random(f"{spec.name}/{target}/dispatch/{seed}")
-    base = spec.shapes[target].test[0].dims
-    bounds = [1, *(e + 1 for e in dispatch.edges)]
-    out = []
-    for i, low in enumerate(bounds):
+    values = []
+    for i, low in enumerate([1, *(e + 1 for e in dispatch.edges)]):
         high = dispatch.edges[i] if i < len(dispatch.edges) else 4 * low
-        if high - low < 2:
-            continue
-        value = min(high - 1, max(low + 1, round(math.exp(rng.uniform(math.log(low + 1), math.log(high - 1))))))
-        dims = {**base, dispatch.symbol: value}
-        if empty_range(spec, dims) is None:
-            out.append(Shape(dims=dims))
-    return out
+        if high - low >= 2:
+            values.append(min(high - 1, max(low + 1, round(math.exp(rng.uniform(math.log(low + 1),
+                                                                               math.log(high - 1)))))))
+    return _test_shapes_at(spec, target, dispatch.symbol, values)
 
 
 def edge_shapes(spec: KernelSpec, target: Target, dispatch: Dispatch) -> list[Shape]:
-    """Test shapes on both sides of every edge (symbol = edge and edge + 1), the other symbols taken
-    from the package's first test shape: each bucket's copy is checked where the dispatch switches."""
+    """Test shapes on both sides of every edge (symbol = edge and edge + 1): each bucket's copy is
+    checked where the dispatch switches."""
+    return _test_shapes_at(spec, target, dispatch.symbol, [v for e in dispatch.edges for v in (e, e + 1)])
+
+
+def _test_shapes_at(spec: KernelSpec, target: Target, symbol: str, values: list[int]) -> list[Shape]:
+    """The package's first test shape with `symbol` set to each value (where its arguments' value
+    ranges are not empty)."""
     base = spec.shapes[target].test[0].dims
-    out = []
-    for edge in dispatch.edges:
-        for value in (edge, edge + 1):
-            dims = {**base, dispatch.symbol: value}
-            if empty_range(spec, dims) is None:
-                out.append(Shape(dims=dims))
-    return out
+    dims = [{**base, symbol: v} for v in values]
+    return [Shape(dims=d) for d in dims if empty_range(spec, d) is None]
