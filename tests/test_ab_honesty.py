@@ -22,6 +22,9 @@ from kopt.build import compile_command, detect_toolchain
 from kopt.models import ArtifactRef, ExecRequest, PackageRef
 from kopt.package import load_spec
 
+# A/A verdicts and interval widths: run alone (other tests' load is not the hog these control).
+pytestmark = pytest.mark.serial
+
 SCALE2 = Path(__file__).resolve().parent / "fixtures" / "scale2"
 NO_ARTIFACT = ArtifactRef(sha256="0" * 64, size=0, uri="file:///dev/null")
 RUNS = 20

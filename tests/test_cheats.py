@@ -28,6 +28,9 @@ from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef
 from kopt.package import load_spec
 from tests.conftest import compile_all
 
+# Cheats must gain nothing against the baseline: A/B verdicts between near-equal kernels, run alone.
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parent.parent
 CHEATS = Path(__file__).resolve().parent / "cheats"
 PACKAGES = {"silu_and_mul": ROOT / "kernels" / "silu_and_mul", "scale2": Path(__file__).parent / "fixtures" / "scale2",

@@ -24,7 +24,9 @@ def kopt(args, home, timeout=600):
 @pytest.mark.slow
 def test_optimize_cpu_writes_report(tmp_path):
     home, reports = tmp_path / "home", tmp_path / "report"
-    proc = kopt(["optimize", str(SILU), "--target", "cpu", "--rounds", "2", "--report-dir", str(reports)], home)
+    # Timing precision is not what this test is about: a short sampling cap (--time-cap).
+    proc = kopt(["optimize", str(SILU), "--target", "cpu", "--rounds", "2", "--time-cap", "0.25", "--report-dir",
+                 str(reports)], home)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "Web UI: http://127.0.0.1:" in out
@@ -110,6 +112,9 @@ def test_bad_input_fails_fast_with_one_line(tmp_path):
                         "unknown GPU class 'h900'")
     _assert_usage_error(kopt(["optimize", str(SILU), "--provider", "magic", *common], home), "invalid choice: 'magic'")
     _assert_usage_error(kopt(["optimize", str(SILU), "--min-gain", "1.5", *common], home), "--min-gain", "[0, 1)")
+    for cap in ("0", "-1", "nan", "soon"):
+        _assert_usage_error(kopt(["optimize", str(SILU), "--time-cap", cap, *common], home), "--time-cap",
+                            "a positive number of seconds")
     bad = tmp_path / "bad"
     shutil.copytree(SILU, bad)
     (bad / "kernel.toml").write_text((bad / "kernel.toml").read_text().replace('targets = ["cpu", "cuda"]',
@@ -136,3 +141,18 @@ def test_broken_baseline_fails_without_report(tmp_path, broken, reason):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("kopt: run ") and reason in last
     assert not reports.exists()
+
+
+def test_time_cap_bounds_the_sampling_of_every_shape(tmp_path):
+    """`--time-cap` reaches the harness: each shape's sampling loop ends near the cap (the default is 2 s a
+    shape on cpu; at most 3 caps when a side has too few blocks), and the verdict still has its interval."""
+    scale2 = REPO / "tests" / "fixtures" / "scale2"
+    cap = 0.05
+    proc = kopt(["evaluate", str(scale2), "--candidate", str(scale2 / "kernel.cpp"), "--time-cap", str(cap), "--json"],
+                tmp_path / "home")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    verdict = json.loads(proc.stdout.splitlines()[-1])
+    assert len(verdict["per_shape"]) == 2
+    for s in verdict["per_shape"]:
+        assert 0 < s["sampling_s"] < 4 * cap, s
+        assert s["samples"] >= 3 and s["speedup_ci"][0] <= s["speedup"] <= s["speedup_ci"][1]

@@ -33,6 +33,9 @@ from kopt.build import compile_command, detect_toolchain
 from kopt.models import ArtifactRef, ExecRequest, PackageRef
 from kopt.package import load_spec
 
+# Counts every process of the sandbox's uid on the machine: run alone.
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = Path(__file__).resolve().parent / "hostile"
 SCALE2 = Path(__file__).resolve().parent / "fixtures" / "scale2"

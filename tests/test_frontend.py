@@ -86,8 +86,12 @@ def test_a_stale_record_is_replaced_and_server_stop_respects_users(tmp_path):
     assert gone.returncode == 1 and "no kopt server is running" in gone.stdout
 
 
+# What these runs are about is the front end, not timing precision: a short sampling cap.
+QUICK = ("--time-cap", "0.25")
+
+
 def _start_optimize(home: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kopt.app.cli", "optimize", str(SILU), "--rounds", "3",
+    return subprocess.Popen([sys.executable, "-m", "kopt.app.cli", "optimize", str(SILU), "--rounds", "3", *QUICK,
                              "--report-dir", str(home / "report"), *extra], cwd=REPO, env=kopt_env(home),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
@@ -119,7 +123,7 @@ def test_sigterm_mid_run_leaves_nothing_behind_and_the_same_command_finishes_the
     assert json.loads((home / "report" / "report.json").read_text())["run_id"] == run
 
     # The same command once more: it says the run has ended and where its report is; nothing starts.
-    done = kopt(["optimize", str(SILU), "--rounds", "3", "--report-dir", str(home / "report")], home)
+    done = kopt(["optimize", str(SILU), "--rounds", "3", *QUICK, "--report-dir", str(home / "report")], home)
     assert done.returncode == 0, done.stderr
     assert f"run {run} already ran with these arguments: completed" in done.stdout
     assert str(home / "report" / "report.md") in done.stdout and "--rerun" in done.stdout

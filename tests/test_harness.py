@@ -23,6 +23,9 @@ from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef, Shape
 from kopt.package import load_spec
 from tests.conftest import compile_all
 
+# A/A timings and the judge's clock checks: run alone.
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SCALE2 = FIXTURES / "scale2"

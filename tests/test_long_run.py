@@ -55,7 +55,7 @@ async def _run(server, home):
     req = prepare_request(REPO / "tests" / "fixtures" / "knobs", "cpu", None, ROUNDS, "offline", 0, settings)
     # Timing precision is not what this test is about: a short sampling cap (the default is 2 s a
     # shape) takes the run from ~520 s to about a third of that.
-    req = req.model_copy(update={"continue_every": 50, "time_cap_s": 0.2})
+    req = req.model_copy(update={"continue_every": 50, "time_cap_s": 0.05})
     async with cpu_cluster(server.address, settings) as client:
         wf_id = f"long-{uuid.uuid4()}"
         start = time.monotonic()

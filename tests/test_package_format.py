@@ -122,6 +122,7 @@ def test_a_table_that_is_rescaled_fails_a_kernel_that_relies_on_its_meaning(pkg,
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # an A/A verdict
 def test_timed_calls_keep_integer_inputs_in_range(libs):
     """Profiling perturbs every input between timed calls: integer inputs by elements of another
     input set (so still in range: an index out of range would read outside the table), the

@@ -30,7 +30,7 @@ def test_the_best_exported_as_a_torch_op_builds_and_matches_the_reference(tempor
     settings = Settings()
 
     async def run():
-        req = prepare_request(SILU, "cpu", None, 1, "offline", 0, settings)
+        req = prepare_request(SILU, "cpu", None, 1, "offline", 0, settings).model_copy(update={"time_cap_s": 0.25})
         async with cpu_cluster(temporal_server.address, settings) as client:
             wf = f"torchop-{uuid.uuid4()}"
             await client.execute_workflow(queues.WORKFLOW_NAME, req, id=wf, task_queue=queues.WORKFLOW_QUEUE,

@@ -20,7 +20,8 @@ from tests.conftest import REPO, kopt_env
 
 SCALE2 = REPO / "tests" / "fixtures" / "scale2"
 
-pytestmark = pytest.mark.skipif(detect_toolchain("cpu") is None, reason="no C++ compiler (g++)")
+# The gate's A/A pass and its slower/overfit verdicts are timings: run alone (pytest.mark.serial).
+pytestmark = [pytest.mark.skipif(detect_toolchain("cpu") is None, reason="no C++ compiler (g++)"), pytest.mark.serial]
 
 
 def gate(tmp: Path, candidate: Path, **kw):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import re
 import signal
@@ -110,6 +111,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"kopt: error: {message} (see `{self.prog} --help`)\n")
 
 
+TIME_CAP_HELP = ("sampling time per shape and dtype and side of an A/B (default: 2 on cpu, 1.5 on cuda); "
+                 "shorter is faster and noisier: the verdict's interval says how much")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kopt", description="Durable, agent-driven kernel optimization.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -145,6 +150,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="judge the best, after the last round, on shapes the search never saw: the package's "
                           "[shapes.<target>] holdout list, else N shapes derived from the bench shapes by the "
                           "seed, or with --workload N of its shapes kept out of the search (default 2; 0: none)")  # fmt: skip
+    opt.add_argument("--time-cap", type=_seconds, default=None, metavar="SECONDS", help=TIME_CAP_HELP)
     opt.add_argument("--continue-every", type=int, default=50, help="rounds per history segment")
     opt.add_argument("--rerun", action="store_true",
                      help="start a fresh run even if one with these arguments already ended (new run id)")
@@ -163,6 +169,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
     ev.add_argument("--flags", type=_flag_list, default=None, metavar="'FLAG ...'",
                     help="the candidate's compiler flags instead of the package's, e.g. --flags='-O3 -funroll-loops'")
+    ev.add_argument("--time-cap", type=_seconds, default=None, metavar="SECONDS", help=TIME_CAP_HELP)
     ev.set_defaults(func=_cmd_evaluate)
 
     ver = sub.add_parser("verify", help="the CI regression gate: judge a candidate against the baseline; exit 0 pass, "
@@ -180,6 +187,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="a shape fails when its whole 95%% interval is slower than this fraction (default 0.02)")
     ver.add_argument("--no-holdout", dest="holdout", action="store_false",
                      help="leave out the package's held-out shapes (tested and timed by default)")
+    ver.add_argument("--time-cap", type=_seconds, default=None, metavar="SECONDS", help=TIME_CAP_HELP)
     ver.set_defaults(func=_cmd_verify)
 
     runs = sub.add_parser("runs", help="list runs (kernel, status, round, best speedup)")
@@ -284,14 +292,15 @@ async def _cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
 async def _cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     from kopt.app.evaluate import evaluate
 
-    return await evaluate(args.kernel_dir, args.candidate, args.target, args.json, settings, flags=args.flags)
+    return await evaluate(args.kernel_dir, args.candidate, args.target, args.json, settings, flags=args.flags,
+                          time_cap_s=args.time_cap)
 
 
 async def _cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     from kopt.app.verify import verify
 
     return await verify(args.kernel_dir, args.candidate, args.target, args.flags, args.baseline, args.junit, args.json,
-                        args.max_slowdown, holdout=args.holdout)
+                        args.max_slowdown, holdout=args.holdout, time_cap_s=args.time_cap)
 
 
 async def _cmd_workload(args: argparse.Namespace, settings: Settings) -> int:
@@ -338,6 +347,16 @@ def _duration(text: str):
     if not m or int(m.group(1)) == 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a positive number and a unit: 90s, 30m, 24h, 7d")
     return timedelta(seconds=int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)])
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a positive number of seconds")
+    return value
 
 
 def _flag_list(text: str) -> list[str]:

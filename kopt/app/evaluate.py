@@ -161,7 +161,7 @@ def _take_profile(verdict: dict, profiled: ProfileResult) -> None:
             "shape": t.shape, "dtype": t.dtype, "mode": t.mode, "candidate_us": t.median_us,
             "baseline_us": s.baseline_us if s else None, "speedup": s.speedup if s else None,
             "speedup_ci": [s.ci_low, s.ci_high] if s else None, "gbytes_per_s": t.gbytes_per_s,
-            "pct_sol": t.pct_sol, "samples": t.samples, "flags": t.flags,
+            "pct_sol": t.pct_sol, "samples": t.samples, "sampling_s": t.sampling_s, "flags": t.flags,
             "held_out": t.shape in verdict.get("holdout_shapes", []),
         })  # fmt: skip
     if profiled.ab is not None:

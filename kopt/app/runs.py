@@ -114,7 +114,8 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
                                   "candidates_per_round": args.candidates, "single_agent": args.single_agent,
                                   "patience": args.patience, "budgets": budgets,
                                   "min_gain": req.min_gain if min_gain is None else min_gain,
-                                  "holdout_shapes": held, "workload": workload})
+                                  "holdout_shapes": held, "workload": workload,
+                                  "time_cap_s": getattr(args, "time_cap", None)})
 
 
 def workflow_id(req: OptimizeRequest) -> str:
