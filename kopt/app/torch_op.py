@@ -253,10 +253,8 @@ def export_torch_op(view: RunView, out_dir: Path, store: ArtifactStore) -> Path:
            "@TYPED@": ", ".join(f"{n}: torch.Tensor" for n in names), "@SIGNATURE@": ", ".join(names),
            "@MUTATED@": ", ".join(mutated) or "nothing", "@MUTATED_TUPLE@": repr(tuple(mutated)),
            "@CFLAGS@": repr(["-std=c++17", *best.flags] if target == "cpu" else ["-std=c++17"]),
-           "@CUDAFLAGS@": repr([*CUDA_ARCH, *best.flags, "-DKOPT_CUDA"] if target == "cuda" else []),
+           "@CUDAFLAGS@": repr([*CUDA_ARCH, *best.flags] if target == "cuda" else []),
            }  # fmt: skip
-    if target == "cuda":
-        sub["@CFLAGS@"] = repr(["-std=c++17", "-DKOPT_CUDA"])
 
     def fill(text: str) -> str:
         for k, v in sub.items():
