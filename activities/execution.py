@@ -5,6 +5,11 @@ comes back as data, and the worker keeps serving. Results are cached by content 
 device, harness version), so a retried activity or a replayed workflow never pays twice for
 device time. While a job runs, each finished piece (a check group, a timed shape) is heartbeated,
 so a retry after a lost worker resumes after it instead of running it again.
+
+Within one run (one workflow id), library bytes that were already judged under the same conditions
+(shapes, dtypes, baseline, settings) are not run again: the earlier passing verdict comes back with
+`reused_from` naming the candidate it was measured for (docs/decisions/0026-same-bytes-verdicts.md).
+The candidate's own source is still checked first.
 """
 
 from __future__ import annotations
@@ -18,12 +23,16 @@ import structlog
 from pydantic import BaseModel, ValidationError
 from temporalio import activity
 
-from gpu_worker import runner
+from gpu_worker import runner, static_checks
 from gpu_worker.protocol import HARNESS_VERSION
 from kopt.artifacts import ArtifactStore
 from kopt.models import ExecProgress, ExecRequest, Partial, ProfileResult, TestResult
 
 log = structlog.get_logger(__name__)
+
+# What a verdict on library bytes does not depend on: which candidate they were built for, that
+# candidate's source text (checked on its own before a reuse), and the seed of the inputs drawn.
+SAME_BYTES_IGNORES = frozenset({"candidate_id", "source", "seed"})
 
 
 class _Progress:
@@ -63,17 +72,47 @@ class ExecActivities:
     def _library(self, ref) -> Path:
         return self.store.materialize(ref, self.work_dir / "libs" / f"{ref.sha256}.so")
 
-    def _cache_key(self, mode: str, req: ExecRequest) -> str:
-        blob = json.dumps({"mode": mode, "request": req.model_dump(mode="json", exclude={"package"}),
+    def _cache_key(self, mode: str, req: ExecRequest, exclude: frozenset[str] = frozenset(), **scope: str) -> str:
+        blob = json.dumps({"mode": mode, "request": req.model_dump(mode="json", exclude={"package", *exclude}),
                            "package": req.package.files.sha256, "device": self.device_class,
-                           "harness": HARNESS_VERSION}, sort_keys=True)
+                           "harness": HARNESS_VERSION, **scope}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
+
+    def _same_bytes_key(self, mode: str, req: ExecRequest) -> str:
+        """The key of a verdict on these library bytes in this run, whichever candidate they were
+        built for: the request without the candidate's id, source and input seed."""
+        return self._cache_key(mode, req, SAME_BYTES_IGNORES, run=activity.info().workflow_id)
+
+    def _reused(self, mode: str, req: ExecRequest, result_type: type[BaseModel]) -> BaseModel | None:
+        """The passing verdict these library bytes got earlier in this run, as this candidate's
+        (no device time); None when there is none or the candidate's source fails its checks."""
+        path = self.cache_dir / "same-bytes" / f"{self._same_bytes_key(mode, req)}.json"
+        if not path.is_file():
+            return None
+        if mode == "test" and req.source is not None and static_checks.check_source(req.source, req.target):
+            return None  # run it: the harness path reports the source's violations
+        earlier = result_type.model_validate_json(path.read_text())
+        note = (f"verdict reused: these library bytes passed earlier in this run as {earlier.candidate_id} "
+                "(same shapes, dtypes, baseline and settings); not run again")
+        return earlier.model_copy(update={"candidate_id": req.candidate_id, "reused_from": earlier.candidate_id,
+                                          "seconds": 0.0, "notes": [*earlier.notes, note]})
+
+    def _store(self, path: Path, result: BaseModel) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(result.model_dump_json())
+        tmp.replace(path)
 
     async def _run(self, mode: str, req: ExecRequest, result_type: type[BaseModel], run) -> BaseModel:
         cached = self.cache_dir / f"{self._cache_key(mode, req)}.json"
         if cached.is_file():
             log.info("exec_cache_hit", mode=mode, candidate=req.candidate_id)
             return result_type.model_validate_json(cached.read_text())
+        reused = self._reused(mode, req, result_type)
+        if reused is not None:
+            log.info("exec_verdict_reused", mode=mode, candidate=req.candidate_id, reused_from=reused.reused_from)
+            self._store(cached, reused)
+            return reused
         lib = self._library(req.library)
         baseline = self._library(req.baseline_library) if req.baseline_library else None
         package_dir = self.store.unpack_tree(req.package.files, self.work_dir / "packages")
@@ -87,10 +126,9 @@ class ExecActivities:
         progress = _Progress(resumed)
         result = await run(req, lib, package_dir, req.package.spec, heartbeat=progress.step, baseline=baseline,
                            resume=resumed, on_partial=progress.partial)  # fmt: skip
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(".tmp")
-        tmp.write_text(result.model_dump_json())
-        tmp.replace(cached)
+        self._store(cached, result)
+        if result.correct if mode == "test" else result.ok:  # a failure is never reused: it may be the device's
+            self._store(self.cache_dir / "same-bytes" / f"{self._same_bytes_key(mode, req)}.json", result)
         return result
 
     @activity.defn(name="test")

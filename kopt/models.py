@@ -327,6 +327,7 @@ class TestResult(BaseModel):
     static_violations: list[str] = Field(default_factory=list)
     sanitizer: str | None = None  # compute-sanitizer summary, or why it did not run
     notes: list[str] = Field(default_factory=list)  # what was skipped or relaxed, and why
+    reused_from: str | None = None  # the candidate these library bytes passed as earlier in the run
 
 
 class ShapeTiming(BaseModel):
@@ -410,6 +411,7 @@ class ProfileResult(BaseModel):
     ab: ABResult | None = None  # when a baseline library was given
     flags: list[str] = Field(default_factory=list)  # results that deserve a second look
     notes: list[str] = Field(default_factory=list)
+    reused_from: str | None = None  # the candidate these library bytes were timed as earlier in the run
 
 
 # ---------------------------------------------------------------- workflow

@@ -9,7 +9,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KOPT_", extra="ignore")
+    # An empty variable is an unset one: `KOPT_HOME= kopt runs` (or a CI template that leaves it
+    # blank) means the default home, not the current directory.
+    model_config = SettingsConfigDict(env_prefix="KOPT_", extra="ignore", env_ignore_empty=True)
 
     home: Path = Field(default_factory=lambda: Path.home() / ".kopt")
     # No address: the embedded default (a local dev server started by kopt).

@@ -18,6 +18,7 @@ import collections
 import json
 import os
 import random
+import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -56,10 +57,17 @@ class Variant:
     deadline_s: float  # the disturbed run must have closed by then
     worker_args: dict[str, list[str]] = field(default_factory=lambda: dict(WORKER_ARGS))
     gpu_class: str | None = None
+    # The target's REPEAT values in the run's copy of the fixture (None: the fixture's own). Steps of
+    # 4x keep every accept and reject clear of the timing noise of a loaded machine.
+    repeat_values: tuple[int, ...] | None = None
 
 
 CPU = Variant(
-    target="cpu", rounds=8, continue_every=3,  # rounds 9-10 would be near-ties that load can tip
+    # Rounds: REPEAT 16 -> 4 (accepted), a flag drop (rejected), REPEAT 4 -> 1 (accepted), a flag drop
+    # (rejected); two segments. With the fixture's 2x steps a loaded machine (the parallel test
+    # phase) once widened round 1's interval to [0.79, 3.45] in the undisturbed run, which then
+    # rejected it and took another path than the disturbed one.
+    target="cpu", rounds=4, continue_every=2, repeat_values=(16, 4, 1),
     timeouts=ActivityTimeouts(agent_s=60, agent_heartbeat_s=3, compile_s=120, compile_heartbeat_s=3,
                               exec_s=300, exec_heartbeat_s=6),
     best_tunables={"REPEAT": 1}, pause_s=(0.3, 1.5), down_s=(0.0, 1.0), deadline_s=1200,
@@ -101,8 +109,21 @@ def cuda_variant() -> Variant:
     )  # fmt: skip
 
 
-def _request(v: Variant, home: Path, seed: int = 3) -> OptimizeRequest:
-    req = prepare_request(FIXTURE, v.target, v.gpu_class, v.rounds, "offline", seed, Settings(home=home))
+def _package(v: Variant, tmp_path: Path) -> Path:
+    """The package both runs of a variant optimize: the fixture, with the variant's REPEAT values."""
+    if v.repeat_values is None:
+        return FIXTURE
+    pkg = tmp_path / "package"
+    shutil.copytree(FIXTURE, pkg)
+    toml = pkg / "kernel.toml"
+    old = 'name = "REPEAT"\ntarget = "cpu"\nvalues = [16, 8, 4, 2, 1]'
+    assert v.target == "cpu" and old in toml.read_text()
+    toml.write_text(toml.read_text().replace(old, old.split("values")[0] + f"values = {list(v.repeat_values)}"))
+    return pkg
+
+
+def _request(v: Variant, package: Path, home: Path, seed: int = 3) -> OptimizeRequest:
+    req = prepare_request(package, v.target, v.gpu_class, v.rounds, "offline", seed, Settings(home=home))
     return req.model_copy(update={"min_gain": 0.1, "continue_every": v.continue_every, "timeouts": v.timeouts})
 
 
@@ -161,7 +182,8 @@ def _resumed(home: Path) -> tuple[int, int]:
     return sum(1 for n in counts if n), sum(counts)
 
 
-async def _run(v: Variant, home: Path, rng: random.Random | None, kills: list[str] | None = None) -> Outcome:
+async def _run(v: Variant, package: Path, home: Path, rng: random.Random | None,
+               kills: list[str] | None = None) -> Outcome:
     """One run of the variant's request on a fresh cluster; killed at random when `rng` is given
     (each kill appended to `kills` as it happens)."""
     cluster = Cluster(home, v.worker_args)
@@ -173,7 +195,7 @@ async def _run(v: Variant, home: Path, rng: random.Random | None, kills: list[st
         client = await connect(cluster.address, settings)
         wf_id = f"{'chaos' if rng else 'calm'}-{v.target}-{uuid.uuid4()}"
         start = time.monotonic()
-        handle = await client.start_workflow(queues.WORKFLOW_NAME, _request(v, home), id=wf_id,
+        handle = await client.start_workflow(queues.WORKFLOW_NAME, _request(v, package, home), id=wf_id,
                                              task_queue=queues.WORKFLOW_QUEUE)
         if rng is None:
             await asyncio.wait_for(handle.result(), timeout=v.deadline_s)
@@ -270,9 +292,10 @@ def check_survives_kills(v: Variant, tmp_path: Path, seed: int = 11) -> None:
     """The protocol: an undisturbed run, then the same request under MIN_KILLS kills, compared."""
     calm = chaos = None
     kills: list[str] = []
+    package = _package(v, tmp_path)
     try:
-        calm = asyncio.run(_run(v, tmp_path / "calm", None))
-        chaos = asyncio.run(_run(v, tmp_path / "chaos", random.Random(seed), kills))
+        calm = asyncio.run(_run(v, package, tmp_path / "calm", None))
+        chaos = asyncio.run(_run(v, package, tmp_path / "chaos", random.Random(seed), kills))
     except BaseException as exc:
         _write_summary(v.target, _failure_summary(v, tmp_path, calm, kills, exc))
         raise

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 
 from kopt.app.server import ServerError, attach, read_record
+from kopt.settings import Settings
 from tests.conftest import REPO, kopt_env
 
 SILU = REPO / "kernels" / "silu_and_mul"
+KNOBS = REPO / "tests" / "fixtures" / "knobs"  # a tiny package: these runs are about the front end, not the kernel
 
 
 def kopt(args, home, timeout=300, **env):
@@ -91,7 +93,7 @@ QUICK = ("--time-cap", "0.25")
 
 
 def _start_optimize(home: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kopt.app.cli", "optimize", str(SILU), "--rounds", "3", *QUICK,
+    return subprocess.Popen([sys.executable, "-m", "kopt.app.cli", "optimize", str(KNOBS), "--rounds", "3", *QUICK,
                              "--report-dir", str(home / "report"), *extra], cwd=REPO, env=kopt_env(home),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
@@ -123,7 +125,7 @@ def test_sigterm_mid_run_leaves_nothing_behind_and_the_same_command_finishes_the
     assert json.loads((home / "report" / "report.json").read_text())["run_id"] == run
 
     # The same command once more: it says the run has ended and where its report is; nothing starts.
-    done = kopt(["optimize", str(SILU), "--rounds", "3", *QUICK, "--report-dir", str(home / "report")], home)
+    done = kopt(["optimize", str(KNOBS), "--rounds", "3", *QUICK, "--report-dir", str(home / "report")], home)
     assert done.returncode == 0, done.stderr
     assert f"run {run} already ran with these arguments: completed" in done.stdout
     assert str(home / "report" / "report.md") in done.stdout and "--rerun" in done.stdout
@@ -174,6 +176,15 @@ def test_settings_and_arguments_fail_in_one_line_before_any_server(tmp_path):
         gpu = kopt(["optimize", str(SILU), "--target", "cuda"], home)
         assert gpu.returncode == 2 and "this machine has" in gpu.stderr, gpu.stderr
     assert not (home / "temporal.db").exists() and not (home / "server.json").exists()  # no server was started
+
+
+def test_an_empty_setting_is_an_unset_one(tmp_path, monkeypatch):
+    """`KOPT_HOME= kopt ...` once put a server lock in the current directory."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("KOPT_HOME", "KOPT_SERVER_PORT", "KOPT_TEMPORAL_ADDRESS"):
+        monkeypatch.setenv(name, "")
+    settings = Settings()
+    assert settings.home == tmp_path / ".kopt" and settings.server_port == 7233 and settings.temporal_address is None
 
 
 def test_openai_base_url_is_the_fallback_for_kopt_openai_base_url(monkeypatch):
