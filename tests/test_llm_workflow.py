@@ -258,7 +258,7 @@ def test_good_two_round_run(temporal_server, settings, llm_env):
     r1, r2 = run.view.rounds[1:]
     analyst1, planner1, coder1 = r1.llm_calls
     # The analyst sees the baseline's real timings; the coder the plan and the base source.
-    assert "N=16384 float32: median" in analyst1.messages[1].content
+    assert "N=4096 float32: median" in analyst1.messages[1].content
     assert "REPEAT 16 -> 8, add instead of multiply" in coder1.messages[1].content
     assert BASE_SOURCE.strip() in coder1.messages[1].content
     assert r1.code.candidate.source == ROUND1_SOURCE.replace("#define REPEAT 16", "#define REPEAT 8")

@@ -19,7 +19,9 @@ ROUNDS = 3
 
 
 async def _run(server, settings: Settings):
-    req = prepare_request(REPO / "kernels" / "silu_and_mul", "cpu", None, ROUNDS, "offline", 7, settings)
+    # A small package (out = 2 * x, two dtypes): what is tested is the activities, not the kernel;
+    # the full run on kernels/silu_and_mul is tests/test_cli.py's.
+    req = prepare_request(REPO / "tests" / "fixtures" / "scale2", "cpu", None, ROUNDS, "offline", 7, settings)
     req = req.model_copy(update={"time_cap_s": 0.25})  # what is tested is where activities run, not timing
     async with cpu_cluster(server.address, settings) as client:
         handle = await client.start_workflow(queues.WORKFLOW_NAME, req, id=f"test-{uuid.uuid4()}",
@@ -67,7 +69,7 @@ def test_optimize_cpu_records_every_activity_on_its_queue(temporal_server, kopt_
         assert outcome.compile_seconds is not None
         if outcome.correct:
             assert outcome.speedup_geomean and outcome.speedup_geomean > 0
-            assert {s.dtype for s in outcome.per_shape} == {"float16", "bfloat16"}
+            assert {s.dtype for s in outcome.per_shape} == {"float32", "float16"}
     best = result.best
     assert best.correct and best.speedup_geomean >= 1.0
     assert best.candidate_id in {req.baseline.id, *ids}
