@@ -6,7 +6,8 @@ activity attempt (results are cached by content, so a retry after a crash does n
 
 One driver, two targets: CPU (in CI) and CUDA (marked `gpu`: the build worker uses nvcc and the
 exec worker serves the kopt-gpu-<class> queue of a local GPU; it is one of the victims). Both run
-the `repeat` fixture, whose offline search path is deterministic. With KOPT_FAULT_SUMMARY set, each
+the `repeat` fixture, whose offline search path is deterministic (the CPU variant a copy with
+REPEAT 16, 4, 1: steps of 4x that load cannot blur). With KOPT_FAULT_SUMMARY set, each
 variant writes its figures (kills per victim, extra attempts, executions, wall times) to that JSON
 file under its target's key.
 """
