@@ -18,6 +18,8 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.execution import ExecActivities
+from kopt.app.history import RoundView, RunView
+from kopt.app.inspect import history_text
 from kopt.artifacts import ArtifactStore
 from kopt.models import ExecRequest, PackageRef, ProfileResult, TestResult
 from kopt.package import load_spec
@@ -76,6 +78,11 @@ def test_the_same_bytes_are_run_once_per_run_and_the_reuse_is_marked(setup, tmp_
     assert retimed.reused_from == "round-1" and retimed.ab == timed.ab and retimed.timings == timed.timings
     # Two harness runs in all: round 2's test and profile never reached the harness.
     assert _executions(tmp_path) == [("test", "round-1"), ("profile", "round-1")]
+    # `kopt history` says so.
+    view = RunView(workflow_id="run-a", run_ids=["r"], rounds=[RoundView(round=2, segment=1, candidate_id="round-2",
+                                                                         test=again, profile=retimed)])
+    text = history_text(view)
+    assert text.count("(same library bytes as round-1: its verdict, not run again)") == 2, text
 
 
 def test_a_source_that_fails_its_checks_gets_no_verdict_from_its_bytes(setup, tmp_path):

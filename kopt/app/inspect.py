@@ -207,6 +207,10 @@ async def watch(client: Client, run: str, out=sys.stdout, interval: float = 1.0,
         print(f"  {line}", file=out, flush=True)
 
 
+def _reused(candidate: str | None) -> str:
+    return f" (same library bytes as {candidate}: its verdict, not run again)" if candidate else ""
+
+
 def history_text(view: RunView, full: bool = False) -> str:
     """Per round: plan, LLM calls (with every prompt and response when full), diff, compile, test, timings."""
     lines = [f"run {view.workflow_id}: {view.status}, {len(view.run_ids)} segment(s)"]
@@ -226,8 +230,11 @@ def history_text(view: RunView, full: bool = False) -> str:
             if not r.compile.ok:
                 lines.extend(f"    {t}" for t in r.compile.log_tail.splitlines()[-5:])
         if r.test:
-            lines.append(f"  test: {'correct' if r.test.correct else 'REJECTED: ' + str(r.test.reason)}")
+            lines.append(f"  test: {'correct' if r.test.correct else 'REJECTED: ' + str(r.test.reason)}"
+                         + _reused(r.test.reused_from))
         if r.profile:
+            if r.profile.reused_from:
+                lines.append(f"  time:{_reused(r.profile.reused_from)}")
             for t in r.profile.timings:
                 sol = f" {t.pct_sol:.1f}%SOL" if t.pct_sol is not None else ""
                 lines.append(f"  time: {t.shape} {t.dtype} median {t.median_us:.2f}us ({t.samples} samples){sol}")
