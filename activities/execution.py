@@ -78,15 +78,15 @@ class ExecActivities:
                            "harness": HARNESS_VERSION, **scope}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
-    def _same_bytes_key(self, mode: str, req: ExecRequest) -> str:
-        """The key of a verdict on these library bytes in this run, whichever candidate they were
-        built for: the request without the candidate's id, source and input seed."""
-        return self._cache_key(mode, req, SAME_BYTES_IGNORES, run=activity.info().workflow_id)
+    def _same_bytes_path(self, mode: str, req: ExecRequest) -> Path:
+        """Where a passing verdict on these library bytes in this run is kept, whichever candidate
+        they were built for: keyed by the request without the candidate's id, source and input seed."""
+        key = self._cache_key(mode, req, SAME_BYTES_IGNORES, run=activity.info().workflow_id)
+        return self.cache_dir / "same-bytes" / f"{key}.json"
 
-    def _reused(self, mode: str, req: ExecRequest, result_type: type[BaseModel]) -> BaseModel | None:
-        """The passing verdict these library bytes got earlier in this run, as this candidate's
-        (no device time); None when there is none or the candidate's source fails its checks."""
-        path = self.cache_dir / "same-bytes" / f"{self._same_bytes_key(mode, req)}.json"
+    def _reused(self, mode: str, req: ExecRequest, result_type: type[BaseModel], path: Path) -> BaseModel | None:
+        """The passing verdict these library bytes got earlier in this run (kept at `path`), as this
+        candidate's (no device time); None when there is none or the candidate's source fails its checks."""
         if not path.is_file():
             return None
         if mode == "test" and req.source is not None and static_checks.check_source(req.source, req.target):
@@ -108,7 +108,8 @@ class ExecActivities:
         if cached.is_file():
             log.info("exec_cache_hit", mode=mode, candidate=req.candidate_id)
             return result_type.model_validate_json(cached.read_text())
-        reused = self._reused(mode, req, result_type)
+        same_bytes = self._same_bytes_path(mode, req)
+        reused = self._reused(mode, req, result_type, same_bytes)
         if reused is not None:
             log.info("exec_verdict_reused", mode=mode, candidate=req.candidate_id, reused_from=reused.reused_from)
             self._store(cached, reused)
@@ -128,7 +129,7 @@ class ExecActivities:
                            resume=resumed, on_partial=progress.partial)  # fmt: skip
         self._store(cached, result)
         if result.correct if mode == "test" else result.ok:  # a failure is never reused: it may be the device's
-            self._store(self.cache_dir / "same-bytes" / f"{self._same_bytes_key(mode, req)}.json", result)
+            self._store(same_bytes, result)
         return result
 
     @activity.defn(name="test")

@@ -21,6 +21,7 @@ from gpu_worker import stats, timing
 from gpu_worker.abi import KernelFailure, error_message
 from gpu_worker.cases import Case, generate, reference, shapes_of
 from gpu_worker.checks import check_inputs, check_outputs, errors_by_output, output_tolerances
+from gpu_worker.protocol import TIME_CAP_S
 from gpu_worker.context import Context, derive_seed
 from gpu_worker.nvml import Monitor
 from gpu_worker.plan import CaseSpec
@@ -299,7 +300,7 @@ def time_shape(
         rotations.append(Rotation(ctx, k, sets, cs, n_sets, share=rotations[0] if rotations else None, perturb=True))
     for rot in rotations:
         timing.warmup(rot.warm_call, lambda r=rot: ctx.sync(r.kernel.role))
-    cap = job.time_cap_s or timing.TIME_CAP_S[job.target]
+    cap = job.time_cap_s or TIME_CAP_S[job.target]
 
     mode = "hot-cpu" if not ctx.cuda else job.timing_mode
     measures: list[timing.Measure]

@@ -21,6 +21,9 @@ from pydantic import BaseModel, Field
 
 from kopt.models import DType, KernelSpec, Partial, Shape, Target, TimingMode, Tolerance
 
+# Sampling per shape and dtype and kernel when the job sets no time_cap_s (docs/measurement.md).
+TIME_CAP_S = {"cpu": 2.0, "cuda": 1.5}
+
 HARNESS_VERSION = "4"  # bump when checks or timing change what a result means
 PROGRESS_PREFIX = "kopt-harness: "  # the child also logs each step on stderr, for humans
 KEY_BYTES = 32
@@ -42,7 +45,7 @@ class HarnessJob(BaseModel):
     salt: str = ""  # per-job secret mixed into every seed: inputs the candidate cannot predict
     tolerances: dict[DType, Tolerance]
     trials: int = 2
-    time_cap_s: float | None = None  # per shape and dtype; None: the target's default
+    time_cap_s: float | None = None  # per shape and dtype; None: the target's default (TIME_CAP_S)
     baseline_library: str | None = None
     baseline_id: str | None = None
     baseline_errors: dict[str, float] = Field(default_factory=dict)

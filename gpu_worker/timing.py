@@ -36,7 +36,6 @@ RSE_TARGET = 0.005  # relative standard error of the mean
 AB_MIN_SAMPLES = 200
 AB_MIN_SAMPLES_S = 0.25  # ... but no more of them than fit in this many seconds per side (large shapes
 AB_RSE_TARGET = 0.0015  # are tight after a few dozen samples, and each costs a refresh of its inputs)
-TIME_CAP_S = {"cpu": 2.0, "cuda": 1.5}  # per shape and dtype and kernel, sampling only
 WARMUP_S = 0.025
 WARMUP_CALLS = 10
 BATCH = 10  # samples per block (one synchronize per block on CUDA)

@@ -16,6 +16,7 @@ from pathlib import Path
 import structlog
 from pydantic import ValidationError
 
+from gpu_worker.protocol import TIME_CAP_S
 from kopt.agent_models import PROVIDERS
 from kopt import logs, queues
 from kopt.errors import RunFailed, UsageError, failure_chain
@@ -111,7 +112,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"kopt: error: {message} (see `{self.prog} --help`)\n")
 
 
-TIME_CAP_HELP = ("sampling time per shape and dtype and side of an A/B (default: 2 on cpu, 1.5 on cuda); "
+TIME_CAP_HELP = (f"sampling time per shape and dtype and side of an A/B (default: "
+                 f"{', '.join(f'{s:g} on {t}' for t, s in TIME_CAP_S.items())}); "
                  "shorter is faster and noisier: the verdict's interval says how much")
 
 
