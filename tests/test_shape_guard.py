@@ -13,9 +13,11 @@ import pytest
 from kopt import queues
 from kopt.app.report import build_report, render_markdown
 from kopt.app.runs import prepare_request
+from kopt.models import ABResult, ProfileResult, ShapeAB
 from kopt.run_models import OptimizeResult
 from kopt.settings import Settings
 from tests.conftest import REPO, cpu_cluster
+from workflows.optimize import speedups
 
 TRADEOFF = REPO / "tests" / "fixtures" / "tradeoff"
 
@@ -53,3 +55,18 @@ def test_a_geomean_win_slower_at_one_shape_is_not_the_best_unless_allowed(tempor
     report = build_report("r", "t", req, allowed, None)
     assert report["best_regressions"] == ["N=8192 float32"]
     assert "The best is slower than the baseline at N=8192 float32" in render_markdown(report, "kernel.cpp")
+
+
+def test_the_guard_sees_no_regression_inside_the_ab_noise_floor():
+    """An interval wholly below 1/1.02 but inside the A/B's noise floor (CPU 4 %: unchanged code timed
+    against itself was once 0.974x [0.970, 0.979] here) is no regression in runs started with
+    NOISE_FLOOR_PATCH; histories recorded before it replay the 2 % limit alone (tests/golden)."""
+    def profile(low: float, high: float) -> ProfileResult:
+        row = ShapeAB(shape="N=8192", dtype="float32", mode="hot-cpu", baseline_us=10.0, candidate_us=10.0 / low,
+                      speedup=(low + high) / 2, ci_low=low, ci_high=high, baseline_samples=60, candidate_samples=60)
+        return ProfileResult(candidate_id="c", ok=True, ab=ABResult(per_shape=[row], noise_floor=0.04))
+
+    inside, beyond = profile(0.970, 0.979), profile(0.940, 0.955)
+    assert [s.regression() for s in speedups(inside, inside, floored=True)] == [False]
+    assert [s.regression() for s in speedups(beyond, beyond, floored=True)] == [True]
+    assert [s.regression() for s in speedups(inside, inside, floored=False)] == [True]

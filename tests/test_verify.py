@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from kopt.app.verify import EXIT_BAD_INPUT, EXIT_INFRA, EXIT_PASS, EXIT_SLOWER, EXIT_WRONG, verify
+from kopt.app.evaluate import Judgement
+from kopt.app.verify import EXIT_BAD_INPUT, EXIT_INFRA, EXIT_PASS, EXIT_SLOWER, EXIT_WRONG, decide, junit, verify
 from kopt.build import detect_toolchain
 from tests.conftest import REPO, kopt_env
 
 SCALE2 = REPO / "tests" / "fixtures" / "scale2"
 
-# The gate's A/A pass and its slower/overfit verdicts are timings: run alone (pytest.mark.serial).
-pytestmark = [pytest.mark.skipif(detect_toolchain("cpu") is None, reason="no C++ compiler (g++)"), pytest.mark.serial]
+pytestmark = pytest.mark.skipif(detect_toolchain("cpu") is None, reason="no C++ compiler (g++)")
+# The gate's A/A pass and its slower/overfit verdicts are timings: those run alone (pytest.mark.serial).
 
 
 def gate(tmp: Path, candidate: Path, **kw):
@@ -54,6 +55,7 @@ def wrong_copy(tmp: Path) -> Path:
     return path
 
 
+@pytest.mark.serial
 def test_a_correct_candidate_passes_with_a_testcase_per_check_and_per_timing(tmp_path):
     code, out, junit, js = gate(tmp_path, SCALE2 / "kernel.cpp")
     assert code == EXIT_PASS, out
@@ -78,6 +80,7 @@ def test_a_wrong_candidate_exits_1_and_names_the_failed_check(tmp_path):
     assert json.loads(js.read_text())["exit_code"] == EXIT_WRONG
 
 
+@pytest.mark.serial
 def test_a_slower_candidate_exits_3_with_the_slow_shapes_failed(tmp_path):
     # The same source, built without optimization: correct, several times slower.
     code, out, junit, js = gate(tmp_path, SCALE2 / "kernel.cpp", flags=["-O0"])
@@ -92,6 +95,33 @@ def test_a_slower_candidate_exits_3_with_the_slow_shapes_failed(tmp_path):
     # The same slowdown is allowed when the gate is told to tolerate it.
     code, _, _, _ = gate(tmp_path, SCALE2 / "kernel.cpp", flags=["-O0"], max_slowdown=50.0)
     assert code == EXIT_PASS
+
+
+def _timed(speedup: float, ci: list[float], noise_floor: float | None) -> Judgement:
+    row = {"shape": "N=65536", "dtype": "float32", "mode": "hot-cpu", "baseline_us": 37.1,
+           "candidate_us": 37.1 / speedup, "speedup": speedup, "speedup_ci": ci, "held_out": False}
+    verdict = {"correct": True, "reason": None, "static_violations": [], "per_shape": [row], "speedup_geomean": speedup,
+               "speedup_ci": ci, "verdict": "same", "noise_floor": noise_floor, "compiler_flags": []}  # fmt: skip
+    return Judgement(verdict=verdict)
+
+
+def test_an_offset_inside_the_noise_floor_is_not_a_regression():
+    """Unchanged code timed against itself by this gate on the 2-core CI VM once measured 0.974x
+    [0.970, 0.979] at one shape (1 run in 30; the CPU noise floor is 4 %): that passes now. Under a
+    CUDA floor (0.5 %), or from a verdict that names no floor, the same interval fails the default 2 %;
+    beyond the CPU floor a slowdown fails on CPU too, and JUnit names the limit that applied."""
+    aa = ([0.970, 0.979], 0.974)
+    assert decide(_timed(aa[1], aa[0], 0.04), 0.02)[0] == EXIT_PASS
+    for floor in (0.005, None):
+        code, summary = decide(_timed(aa[1], aa[0], floor), 0.02)
+        assert code == EXIT_SLOWER and "interval below 0.980x" in summary, summary
+    code, summary = decide(_timed(0.95, [0.94, 0.955], 0.04), 0.02)
+    assert code == EXIT_SLOWER and "interval below 0.960x" in summary, summary
+    report = junit(_timed(0.95, [0.94, 0.955], 0.04), code, summary, "scale2", "cpu", 0.02, 1.0).getroot()
+    (timing,) = [c for c in report.iter("testcase") if c.get("classname").endswith(".timing")]
+    assert "limit 0.960" in timing.find("failure").get("message")
+    # A wider allowance than the floor is the allowance.
+    assert decide(_timed(0.95, [0.94, 0.955], 0.04), 0.1)[0] == EXIT_PASS
 
 
 def test_a_broken_baseline_is_infrastructure_not_the_candidates_fault(tmp_path):
@@ -121,6 +151,7 @@ def test_bad_input_exits_2_in_one_line_through_the_cli(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.slow
+@pytest.mark.serial
 def test_the_gate_on_cuda_passes_the_baseline_and_fails_a_wrong_kernel(tmp_path):
     """The same gate on the CUDA target, through the CLI: silu_and_mul's own kernel passes against
     itself with a timing testcase per shape and dtype; the kernel with its result scaled by 1.5 exits
@@ -157,6 +188,7 @@ def test_the_gate_on_cuda_passes_the_baseline_and_fails_a_wrong_kernel(tmp_path)
     assert not [k for k in by if k.startswith("timing/")]
 
 
+@pytest.mark.serial
 def test_a_candidate_that_wins_on_the_bench_shapes_and_loses_on_a_held_out_one_is_an_overfit(tmp_path):
     """tradeoff with bench N=1024 and held-out N=8192: MODE 1 is ~16x faster at the bench shape and ~1.5x
     slower at the held-out one, so the gate fails it (exit 3, OVERFIT) unless told --no-holdout."""

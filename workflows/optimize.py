@@ -82,6 +82,9 @@ ACTIVITY_IDS_PATCH = "activity-ids"
 # Runs started with SHAPE_GUARD_PATCH accept no new best that is statistically slower than the
 # baseline at any (shape, dtype) beyond SHAPE_SLOWDOWN_LIMIT, unless the request allows regressions.
 SHAPE_GUARD_PATCH = "shape-regressions"
+# Runs started with NOISE_FLOOR_PATCH call a shape a regression only beyond the A/B's noise floor too
+# (kopt.models.regression_limit; docs/decisions/0027); older histories replay the 2 % limit alone.
+NOISE_FLOOR_PATCH = "shape-guard-noise-floor"
 BAD_REPLIES_BEFORE_FALLBACK = 3  # consecutive unusable replies of one role, then its offline stand-in
 OFFLINE_FALLBACK = ("plan", "code")  # roles with an offline stand-in (the others are skipped instead)
 MAX_EVENTS = 200
@@ -108,13 +111,15 @@ class StopRun(Exception):
     """The LLM endpoint refuses in a way no retry can fix, or the wall-time budget ran out waiting."""
 
 
-def speedups(baseline: ProfileResult, candidate: ProfileResult) -> list[ShapeSpeedup]:
-    """Per-shape speedups: from the interleaved A/B when the profile has one, else from medians."""
+def speedups(baseline: ProfileResult, candidate: ProfileResult, floored: bool = False) -> list[ShapeSpeedup]:
+    """Per-shape speedups: from the interleaved A/B when the profile has one (with its noise floor
+    when `floored`: NOISE_FLOOR_PATCH), else from medians."""
     sol = {(t.shape, t.dtype): t.pct_sol for t in candidate.timings}
     if candidate.ab is not None and candidate.ab.per_shape:
+        floor = candidate.ab.noise_floor if floored else 0.0
         return [ShapeSpeedup(shape=a.shape, dtype=a.dtype, baseline_us=a.baseline_us, candidate_us=a.candidate_us,
                              speedup=a.speedup, pct_sol=sol.get((a.shape, a.dtype)), ci_low=a.ci_low,
-                             ci_high=a.ci_high) for a in candidate.ab.per_shape]  # fmt: skip
+                             ci_high=a.ci_high, noise_floor=floor) for a in candidate.ab.per_shape]  # fmt: skip
     base = {(t.shape, t.dtype): t for t in baseline.timings}
     out = []
     for t in candidate.timings:
@@ -207,6 +212,7 @@ class OptimizeKernel:
         self._patient = workflow.patched(LLM_FAULTS_PATCH)
         self._ids = workflow.patched(ACTIVITY_IDS_PATCH)
         self._guard = workflow.patched(SHAPE_GUARD_PATCH)
+        self._floored = workflow.patched(NOISE_FLOOR_PATCH)
         self._progress.rounds = req.rounds
         state = req.state
         if state is None:
@@ -319,7 +325,7 @@ class OptimizeKernel:
             self._event(f"held-out: {result.reason}")
             return result
         ab = profiled.ab
-        result.per_shape = speedups(profiled, profiled)
+        result.per_shape = speedups(profiled, profiled, self._floored)
         result.speedup_geomean, result.verdict = ab.speedup_geomean, ab.verdict
         result.speedup_ci = [ab.ci_low, ab.ci_high] if ab.ci_low is not None else None
         result.regressions = [f"{s.shape} {s.dtype}" for s in result.per_shape if s.regression()]
@@ -380,7 +386,7 @@ class OptimizeKernel:
             result.reason = _failure(outcome) or "not measured"
             self._event(f"shape-specialized: {result.reason}")
             return result
-        result.regressions = _score(state, outcome)
+        result.regressions = _score(state, outcome, self._floored)
         result.per_shape, result.speedup_ci = outcome.per_shape, outcome.speedup_ci
         result.speedup_geomean = outcome.speedup_geomean
         before = state.best_summary.speedup_geomean
@@ -514,7 +520,7 @@ class OptimizeKernel:
         regressed: dict[int, list[str]] = {}  # slot -> its slower shapes (SHAPE_GUARD_PATCH)
         for slot, (outcome, _) in enumerate(outcomes):
             if outcome.correct and outcome.profile and outcome.profile.ok:
-                slower = _score(state, outcome)
+                slower = _score(state, outcome, self._floored)
                 if self._guard:
                     regressed[slot] = slower
                     if regressed[slot] and not req.allow_regressions:
@@ -739,10 +745,10 @@ class OptimizeKernel:
         return outcome
 
 
-def _score(state: RunState, outcome: CandidateOutcome) -> list[str]:
+def _score(state: RunState, outcome: CandidateOutcome, floored: bool) -> list[str]:
     """Fill a measured outcome's per-shape speedups, geomean and interval against the baseline;
     return the (shape, dtype) where it is statistically slower than the baseline."""
-    outcome.per_shape = speedups(state.baseline.profile, outcome.profile)
+    outcome.per_shape = speedups(state.baseline.profile, outcome.profile, floored)
     ab = outcome.profile.ab
     outcome.speedup_geomean = (ab.speedup_geomean if ab and ab.speedup_geomean
                                else geomean([s.speedup for s in outcome.per_shape]))

@@ -25,6 +25,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from kopt.run_models import ClassVerdict, ReverifyRequest, ReverifyResult
 
+from workflows.optimize import NOISE_FLOOR_PATCH  # the same rule and patch as OptimizeKernel's shape guard
+
 REVERIFY_WORKFLOW = "ReverifyBest"
 
 
@@ -41,7 +43,8 @@ class ReverifyBest:
             why = f"the best does not compile: {best.log_tail.strip()[-200:]}"
             verdicts = [ClassVerdict(gpu_class=c, correct=False, reason=why) for c in classes]
         else:
-            verdicts = list(await asyncio.gather(*[self._judge(req, c, base, best) for c in classes]))
+            floored = workflow.patched(NOISE_FLOOR_PATCH)
+            verdicts = list(await asyncio.gather(*[self._judge(req, c, base, best, floored) for c in classes]))
         return ReverifyResult(run=req.run, candidate_id=req.best.id, verdicts=verdicts,
                               ok=all(v.ok for v in verdicts))  # fmt: skip
 
@@ -53,7 +56,7 @@ class ReverifyBest:
         return await workflow.execute_activity("compile", arg, **self._options("compile", req, None))
 
     async def _judge(self, req: ReverifyRequest, gpu_class: str | None, base: CompileResult,
-                     best: CompileResult) -> ClassVerdict:  # fmt: skip
+                     best: CompileResult, floored: bool) -> ClassVerdict:  # fmt: skip
         shapes = req.package.spec.shapes[req.target]
 
         def request(shape_list) -> ExecRequest:
@@ -70,6 +73,7 @@ class ReverifyBest:
             "profile", request(shapes.bench), **self._options("profile", req, gpu_class))
         if not profiled.ok or profiled.ab is None:
             return ClassVerdict(gpu_class=gpu_class, correct=False, reason=f"profile failed: {profiled.reason}")
-        slow = [f"{a.shape} {a.dtype}" for a in profiled.ab.per_shape if slower_beyond(a.ci_high)]
+        floor = profiled.ab.noise_floor if floored else 0.0
+        slow = [f"{a.shape} {a.dtype}" for a in profiled.ab.per_shape if slower_beyond(a.ci_high, noise_floor=floor)]
         return ClassVerdict(gpu_class=gpu_class, correct=True, speedup_geomean=profiled.ab.speedup_geomean,
                             speedup_ci=[profiled.ab.ci_low, profiled.ab.ci_high], regressions=slow)  # fmt: skip

@@ -168,6 +168,7 @@ def _take_profile(verdict: dict, profiled: ProfileResult) -> None:
         verdict["speedup_geomean"] = profiled.ab.speedup_geomean
         verdict["speedup_ci"] = [profiled.ab.ci_low, profiled.ab.ci_high]
         verdict["verdict"] = profiled.ab.verdict
+        verdict["noise_floor"] = profiled.ab.noise_floor
 
 
 def _finish(verdict: dict, as_json: bool, out: TextIO, start: float) -> int:
