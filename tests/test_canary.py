@@ -20,7 +20,7 @@ import pytest
 
 from kopt.settings import Settings
 from tests.fake_openai import FakeOpenAI
-from tests.test_llm_workflow import BASE_SOURCE, KEY_ENV, MODEL, OLD_LINE, code, design, diagnosis, execute, \
+from tests.test_llm_workflow import BASE_SOURCE, KEY_ENV, MODEL, OLD_LINE, QUICK, code, design, diagnosis, execute, \
     make_request, plan  # fmt: skip
 
 CANARY_KEY = f"sk-canary-{uuid.uuid4().hex}"
@@ -94,7 +94,7 @@ def test_canary_reaches_no_store_and_no_prompt(temporal_server, tmp_path_factory
     script = [design(), diagnosis(), plan(8, "REPEAT 16 -> 8, hostile"), code(hostile),
               diagnosis(), plan(4, "REPEAT 8 -> 4"), code(BASE_SOURCE.replace("#define REPEAT 16", "#define REPEAT 4"))]
     with FakeOpenAI(script) as srv:
-        run = execute(temporal_server, settings, make_request(settings, srv, canary_env, rounds=2))
+        run = execute(temporal_server, settings, make_request(settings, srv, canary_env, *QUICK, rounds=2))
     assert run.result is not None, (run.error, [(c.activity, c.result) for c in run.view_calls()][-6:])
 
     # The hostile candidate ran and failed; its failure text went into history with the key-shaped

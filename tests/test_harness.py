@@ -23,8 +23,8 @@ from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef, Shape
 from kopt.package import load_spec
 from tests.conftest import compile_all
 
-# A/A timings and the judge's clock checks: run alone.
-pytestmark = pytest.mark.serial
+# Profiles (A/A timings, the judge's clock and idle checks) and a scheduler reading run alone (`serial`);
+# the correctness, hang and cancel paths run beside other tests, as they do in a worker.
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -237,6 +237,7 @@ def test_without_the_jail_the_kernel_hosts_end_with_the_judge(libs, scale2, monk
     assert result.correct, result.reason
 
 
+@pytest.mark.serial
 def test_baseline_profile_and_ab_against_itself(libs, scale2):
     req = request(scale2, "bench", ["float32", "float16"])
     result = asyncio.run(runner.run_profile(req, libs["scale2"], SCALE2, scale2, baseline=libs["scale2"]))
@@ -255,6 +256,7 @@ def test_baseline_profile_and_ab_against_itself(libs, scale2):
     assert ab.ci_low <= ab.speedup_geomean <= ab.ci_high and ab.verdict in ("faster", "slower", "same")
 
 
+@pytest.mark.serial
 def test_impossible_bandwidth_is_a_measurement_fault(libs, scale2):
     inflated = scale2.model_copy(update={"model": scale2.model.model_copy(update={"bytes": "2*N*elem*1000000"})})
     req = request(inflated, "bench", ["float32"])
@@ -287,6 +289,7 @@ def test_static_checks_reject_before_running(libs, scale2):
     assert any("exit" in v for v in result.static_violations)
 
 
+@pytest.mark.serial
 def test_answer_once_kernel_fails_the_timed_recheck(libs, scale2):
     req = request(scale2, "bench", ["float32"])
     result = asyncio.run(runner.run_profile(req, libs["answers_once"], SCALE2, scale2))
@@ -397,6 +400,7 @@ def test_sanitizer_covers_one_shape_per_class():
     assert [s.label for s in sanitizer.sanitizer_job(job, "racecheck").shapes] == labels[:-1]
 
 
+@pytest.mark.serial
 def test_cpu_readings_wait_for_a_host_to_block():
     """A host's CPU time is read once it blocks (remote.wait_blocked): a reading taken while it is
     still on its way back from a reply would charge that slice to the next block, another kernel's

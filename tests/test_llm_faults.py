@@ -19,6 +19,7 @@ from agents.llm import MAX_REPLY_CHARS
 from tests.fake_openai import Delay, FakeOpenAI, Reply, Status
 from tests.test_llm_workflow import (  # noqa: F401 - settings and llm_env are fixtures
     CALL_COST,
+    QUICK,
     ROUND1_SOURCE,
     check_common,
     code,
@@ -43,7 +44,7 @@ def test_prose_from_the_coder_fails_its_candidate_and_the_offline_coder_takes_ov
     bad_round = [diagnosis(), plan(8, "REPEAT 16 -> 8"), Reply.raw(PROSE), Reply.raw(PROSE)]  # reply + repair turn
     script = [design(), *bad_round * 3, diagnosis(), plan(8, "REPEAT 16 -> 8 once more")]
     with FakeOpenAI(script) as srv:
-        run = execute(temporal_server, settings, make_request(settings, srv, llm_env, rounds=4))
+        run = execute(temporal_server, settings, make_request(settings, srv, llm_env, *QUICK, rounds=4))
     check_common(run, srv)
     assert run.error is None and run.result.status == "completed", run.error
     rounds = run.result.rounds
@@ -65,7 +66,7 @@ def test_a_five_megabyte_reply_fails_its_candidate_without_breaking_history(temp
     huge = Reply.raw("x" * (5 << 20))
     script = [design(), diagnosis(), plan(8, "REPEAT 16 -> 8"), huge, huge, *round1()]
     with FakeOpenAI(script) as srv:
-        run = execute(temporal_server, settings, make_request(settings, srv, llm_env, rounds=2))
+        run = execute(temporal_server, settings, make_request(settings, srv, llm_env, *QUICK, rounds=2))
     check_common(run, srv)
     assert run.error is None and run.result.status == "completed", run.error
     first, second = run.result.rounds
@@ -81,7 +82,7 @@ def test_an_endpoint_that_comes_back_resumes_the_run_by_itself(temporal_server, 
     outage = [Status(500, message="upstream overloaded"), Delay(3), Status(503), Status(502)]
     script = [design(), diagnosis(), *outage, *round1()[1:]]
     with FakeOpenAI(script) as srv:
-        run = execute(temporal_server, settings, make_request(settings, srv, llm_env))
+        run = execute(temporal_server, settings, make_request(settings, srv, llm_env, *QUICK))
     check_common(run, srv)
     assert run.error is None and run.result.status == "completed" and run.result.rounds[0].correct
     plan_call = next(c for c in run.view_calls() if c.activity == "plan")
@@ -94,7 +95,7 @@ def test_an_endpoint_that_comes_back_resumes_the_run_by_itself(temporal_server, 
 def test_an_endpoint_down_for_good_stops_the_run_at_its_wall_time_budget(temporal_server, settings, llm_env):
     script = [design(), diagnosis()]  # then the script is exhausted: every request gets a 500
     with FakeOpenAI(script) as srv:
-        run = execute(temporal_server, settings, make_request(settings, srv, llm_env, "--max-wall-time", "20",
+        run = execute(temporal_server, settings, make_request(settings, srv, llm_env, *QUICK, "--max-wall-time", "20",
                                                               rounds=3))
     check_common(run, srv)
     assert run.error is None and run.result.status == "completed", run.error
@@ -107,7 +108,7 @@ def test_an_endpoint_down_for_good_stops_the_run_at_its_wall_time_budget(tempora
 def test_a_rejected_key_stops_the_run_with_that_reason(temporal_server, settings, llm_env):
     script = [design(), diagnosis(), Status(401, message="Incorrect API key provided")]
     with FakeOpenAI(script) as srv:
-        run = execute(temporal_server, settings, make_request(settings, srv, llm_env, rounds=3))
+        run = execute(temporal_server, settings, make_request(settings, srv, llm_env, *QUICK, rounds=3))
     assert run.error is None and run.result.status == "completed"
     assert run.result.rounds == [] and run.result.baseline.correct
     assert run.result.stop_reason.startswith("planner: HTTP 401 from")
@@ -125,7 +126,7 @@ def test_ten_rounds_through_a_flapping_endpoint(temporal_server, settings, llm_e
         fault = [[], [Status(500)], [Delay(3)], [Reply.raw("garbage, not JSON")]][rnd % 4]
         script += [diagnosis(), *fault, plan(8, f"round {rnd}: REPEAT 16 -> 8"), code(source(f"round {rnd}"))]
     with FakeOpenAI(script) as srv:
-        run = execute(temporal_server, settings, make_request(settings, srv, llm_env, rounds=10))
+        run = execute(temporal_server, settings, make_request(settings, srv, llm_env, *QUICK, rounds=10))
     check_common(run, srv)
     assert run.error is None and run.result.status == "completed", run.error
     assert [r.round for r in run.result.rounds] == list(range(1, 11))
@@ -152,7 +153,7 @@ def test_status_shows_the_wait_for_the_endpoint_while_it_is_down(temporal_server
     script = [design(), diagnosis(), *[Status(500, message="upstream overloaded")] * 5, *round1()[1:]]
 
     async def main(srv) -> tuple[list[str], OptimizeResult]:
-        req = make_request(settings, srv, llm_env)
+        req = make_request(settings, srv, llm_env, *QUICK)
         seen: list[str] = []
         async with cpu_cluster(temporal_server.address, settings) as client:
             handle = await client.start_workflow(queues.WORKFLOW_NAME, req, id=f"llm-wait-{uuid.uuid4()}",
@@ -212,7 +213,7 @@ def test_resume_continues_from_the_last_finished_round_without_paying_again(temp
             return new_id, await asyncio.wait_for(handle.result(), 120)
 
     with FakeOpenAI(first_script) as srv:  # one endpoint: the key is fixed between the two runs
-        first = execute(temporal_server, settings, make_request(settings, srv, llm_env, rounds=3))
+        first = execute(temporal_server, settings, make_request(settings, srv, llm_env, *QUICK, rounds=3))
         assert first.result.llm_stopped and first.result.stop_reason.startswith("coder: HTTP 401")
         assert [r.round for r in first.result.rounds] == [1]
         before = len(srv.requests)
