@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kopt.app.server import ServerError, attach, read_record
+from kopt.app.server import ServerError, attach, ephemeral_ports, free_port, read_record
 from kopt.settings import Settings
 from tests.conftest import REPO, kopt_env
 
@@ -211,3 +211,18 @@ def test_the_foreground_server_exits_when_its_server_is_stopped(tmp_path):
         if fg.poll() is None:
             fg.kill()
     assert not servers_on(home / "temporal.db")
+
+
+def test_server_ports_are_chosen_below_the_kernels_ephemeral_range(temporal_server):
+    """A port picked inside the ephemeral range can be handed out again before the server binds it:
+    once in CI the dev server's own worker service (which binds port 0) took the front end's port, and
+    the server panicked after the front end was up. Every port kopt picks, and those it names for the
+    server's HTTP API and metrics, lie below the range; `avoid` keeps a server's ports distinct."""
+    low, _ = ephemeral_ports()
+    picks = [free_port() for _ in range(40)]
+    assert all(1024 <= p < low for p in picks), picks
+    taken = frozenset(picks[:20])
+    assert all(free_port(taken) not in taken for _ in range(40))
+    args = temporal_server.process.args
+    ports = [int(args[args.index(flag) + 1]) for flag in ("--port", "--ui-port", "--http-port", "--metrics-port")]
+    assert all(p < low for p in ports) and len(set(ports)) == 4, ports

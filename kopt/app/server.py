@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -57,8 +58,37 @@ def port_open(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for ports it hands out itself (bind to port 0, outgoing connections)."""
+    try:
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def free_port(avoid: frozenset[int] = frozenset()) -> int:
+    """A port nothing listens on, chosen below the kernel's ephemeral range. A port from that range
+    is free only until the kernel hands it out again: to an outgoing connection, or to the dev
+    server itself, which binds port 0 for each of its internal services before its front end binds
+    ours (seen: its worker service took the front end's port, bind failed, the server panicked
+    after the front end was already up). Below the range only a program that asks for the port by
+    number can take it."""
+    low, _ = ephemeral_ports()
+    rng = random.SystemRandom()
+    if low > 2048:
+        for _ in range(100):
+            port = rng.randrange(max(1024, low - 16384), low)
+            if port in avoid:
+                continue
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            if not port_open("127.0.0.1", port):
+                return port
+    with socket.socket() as sock:  # no room below the range: the kernel's choice
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
@@ -94,13 +124,18 @@ def start_dev_server(db_file: Path, port: int = 7233, ui_port: int = 8233, headl
     kopt commands go through `attach`, which never shares a server across homes."""
     host = "127.0.0.1"
     port = port or free_port()
-    ui_port = ui_port or free_port()
+    ui_port = ui_port or free_port(frozenset({port}))
     for what, p in (("server", port), ("Web UI", ui_port)):
         if port_open(host, p):
             raise ServerError(f"port {p} (Temporal {what}) is in use by another program")
+    # Its HTTP API and metrics ports too, from outside the ephemeral range (free_port): left to the
+    # server, each is one more port it picks by binding port 0.
+    http_port = free_port(frozenset({port, ui_port}))
+    metrics_port = free_port(frozenset({port, ui_port, http_port}))
     db_file.parent.mkdir(parents=True, exist_ok=True)
     cmd = [str(temporal_binary()), "server", "start-dev", "--db-filename", str(db_file), "--ip", host,
-           "--port", str(port), "--ui-port", str(ui_port), "--log-level", "error", "--ui-disable-news-fetch"]
+           "--port", str(port), "--ui-port", str(ui_port), "--http-port", str(http_port), "--metrics-port",
+           str(metrics_port), "--log-level", "error", "--ui-disable-news-fetch"]
     if headless:
         cmd.append("--headless")
     for key, kind in SERVER_KINDS.items():
