@@ -21,10 +21,10 @@ from gpu_worker import stats, timing
 from gpu_worker.abi import KernelFailure, error_message
 from gpu_worker.cases import Case, generate, reference, shapes_of
 from gpu_worker.checks import check_inputs, check_outputs, errors_by_output, output_tolerances
-from gpu_worker.protocol import TIME_CAP_S
 from gpu_worker.context import Context, derive_seed
 from gpu_worker.nvml import Monitor
 from gpu_worker.plan import CaseSpec
+from gpu_worker.protocol import TIME_CAP_S
 from gpu_worker.remote import CaptureFailed, RemoteKernel
 from kopt import expr
 from kopt.models import ELEMENT_SIZE, ABResult, Partial, ProfileResult, Shape, ShapeAB, ShapeTiming

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from kopt.settings import Settings
+from tests.conftest import QUICK
 from tests.fake_openai import FakeOpenAI
-from tests.test_llm_workflow import BASE_SOURCE, KEY_ENV, MODEL, OLD_LINE, QUICK, code, design, diagnosis, execute, \
+from tests.test_llm_workflow import BASE_SOURCE, KEY_ENV, MODEL, OLD_LINE, code, design, diagnosis, execute, \
     make_request, plan  # fmt: skip
 
 CANARY_KEY = f"sk-canary-{uuid.uuid4().hex}"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, kopt_env
+from tests.conftest import QUICK, REPO, kopt_env
 
 SILU = REPO / "kernels" / "silu_and_mul"
 
@@ -25,8 +25,8 @@ def kopt(args, home, timeout=600):
 def test_optimize_cpu_writes_report(tmp_path):
     home, reports = tmp_path / "home", tmp_path / "report"
     # Timing precision is not what this test is about: a short sampling cap (--time-cap).
-    proc = kopt(["optimize", str(SILU), "--target", "cpu", "--rounds", "2", "--time-cap", "0.25", "--report-dir",
-                 str(reports)], home)  # fmt: skip
+    proc = kopt(["optimize", str(SILU), "--target", "cpu", "--rounds", "2", *QUICK, "--report-dir", str(reports)],
+                home)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "Web UI: http://127.0.0.1:" in out

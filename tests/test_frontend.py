@@ -15,7 +15,7 @@ import pytest
 
 from kopt.app.server import ServerError, attach, ephemeral_ports, free_port, read_record
 from kopt.settings import Settings
-from tests.conftest import REPO, kopt_env
+from tests.conftest import QUICK, REPO, kopt_env
 
 SILU = REPO / "kernels" / "silu_and_mul"
 KNOBS = REPO / "tests" / "fixtures" / "knobs"  # a tiny package: these runs are about the front end, not the kernel
@@ -87,9 +87,6 @@ def test_a_stale_record_is_replaced_and_server_stop_respects_users(tmp_path):
     gone = kopt(["server", "status"], home, timeout=60)
     assert gone.returncode == 1 and "no kopt server is running" in gone.stdout
 
-
-# What these runs are about is the front end, not timing precision: a short sampling cap.
-QUICK = ("--time-cap", "0.25")
 
 
 def _start_optimize(home: Path, *extra: str) -> subprocess.Popen:

@@ -16,10 +16,10 @@ import pytest
 
 import tests.test_llm_workflow as llm_workflow
 from agents.llm import MAX_REPLY_CHARS
+from tests.conftest import QUICK
 from tests.fake_openai import Delay, FakeOpenAI, Reply, Status
 from tests.test_llm_workflow import (  # noqa: F401 - settings and llm_env are fixtures
     CALL_COST,
-    QUICK,
     ROUND1_SOURCE,
     check_common,
     code,

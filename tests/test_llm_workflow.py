@@ -31,7 +31,7 @@ from kopt.app.report import build_report, render_markdown
 from kopt.run_models import OptimizeRequest, OptimizeResult
 from kopt.app.runs import apply_run_options, prepare_request
 from kopt.settings import Settings
-from tests.conftest import REPO, cpu_cluster, kopt_env
+from tests.conftest import QUICK, REPO, cpu_cluster, kopt_env
 from tests.fake_openai import Delay, FakeOpenAI, Received, Reply, Status
 
 FIXTURE = REPO / "tests" / "fixtures" / "repeat"
@@ -44,9 +44,6 @@ CALL_COST = (100 * PRICE_IN + 50 * PRICE_OUT) / 1e6  # the fake server's default
 SEED = 5
 MIN_SPEEDUP = 1.2  # half the passes (REPEAT 16 -> 8) measures ~1.9x on an idle CPU; margin for a busy one
 RUN_LIMIT_S = 90
-# A short sampling cap for the runs whose tests judge no speed; the tests that assert a 2x step is accepted keep
-# the default (2 s): under a loaded CI machine a quarter second can leave that step's interval wide.
-QUICK = ("--time-cap", "0.25")
 AGENTS, BUILD, EXEC = queues.AGENTS_QUEUE, queues.build_queue("cpu"), queues.EXEC_CPU_QUEUE
 QUEUE_OF = {"design_tests": AGENTS, "analyze": AGENTS, "plan": AGENTS, "code": AGENTS, "repair": AGENTS,
             "single_agent": AGENTS, "compile": BUILD, "test": EXEC, "profile": EXEC}
