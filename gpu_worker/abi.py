@@ -18,6 +18,14 @@ class KernelFailure(Exception):
     """The candidate failed in a way that ends the job; the message is the reason."""
 
 
+class PackageFault(Exception):
+    """The package's own code (reference.py's make_inputs or reference) failed: the package is at fault,
+    not the kernel under test; the message names the file and the case."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"package error: {message}")
+
+
 class Packed:
     """The argument array of one call, built once so the timed region holds only the call."""
 

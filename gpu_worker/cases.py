@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import inspect
 import math
+import secrets
 import zlib
 from types import ModuleType
 
 import torch
 
+from gpu_worker import planted
 from gpu_worker.abi import Packed
 from gpu_worker.plan import CaseSpec
 from kopt import expr
@@ -34,12 +36,29 @@ SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 GUARD_BYTES = 256  # keeps the kernel-visible view 256-byte aligned, like a fresh allocation
 
 
+class HarnessBug(RuntimeError):
+    """The harness's own code failed while preparing a case: neither the package's nor the kernel's fault."""
+
+
 def poison(t: torch.Tensor) -> None:
     if t.dtype in POISON:
         int_dtype, bits = POISON[t.dtype]
         t.view(int_dtype).fill_(bits)
     else:
         t.fill_(float("nan") if t.is_floating_point() else -1)
+
+
+def fill_output(t: torch.Tensor, how: str) -> None:
+    """An output before a call: the NaN poison (""), zeros, or finite garbage (normal values, x4)."""
+    if how == "zeros":
+        t.zero_()
+    elif how == "garbage":  # drawn anew each time: no pattern a kernel could learn to tell the harness by
+        gen = torch.Generator(device=t.device).manual_seed(secrets.randbits(63))
+        t.copy_(torch.randn(t.shape, generator=gen, device=t.device) * 4)
+    elif how:
+        raise HarnessBug(f"unknown output fill {how!r}")
+    else:
+        poison(t)
 
 
 def poison_mask(t: torch.Tensor) -> torch.Tensor:
@@ -59,14 +78,15 @@ ARENA = None
 class Buffer:
     """A kernel-visible tensor inside a poisoned, guarded (and possibly row-padded) allocation."""
 
-    def __init__(self, shape: list[int], dtype: torch.dtype, device: str, row_pad: int = 0, guards: bool = True):
+    def __init__(self, shape: list[int], dtype: torch.dtype, device: str, row_pad: int = 0, guards: bool = True,
+                 pool: str = "shared"):  # fmt: skip
         size = torch.empty((), dtype=dtype).element_size()
         g = GUARD_BYTES // size if guards else 0
         row_pad = row_pad if len(shape) >= 2 else 0
         phys = [*shape[:-1], shape[-1] + row_pad] if row_pad else list(shape)
         n = math.prod(phys)
         if ARENA is not None and ARENA.target == device:  # shared with the kernel hosts (remote.py)
-            self.storage = ARENA.tensor(2 * g + n, dtype, owner=self)
+            self.storage = ARENA.tensor(2 * g + n, dtype, owner=self, pool=pool)
         else:
             self.storage = torch.empty(2 * g + n, dtype=dtype, device=device)
         poison(self.storage)
@@ -141,6 +161,11 @@ def generate(ref: ModuleType, args: list[Argument], cs: CaseSpec, seed: int, dev
         if cs.scale != 1.0 and not native_scale and t.is_floating_point() and arg.scale:
             t = (t.double() * cs.scale).to(t.dtype)
         out[arg.name] = t.contiguous().clone()
+    if cs.plant:
+        try:
+            planted.plant(cs.plant, args, out, seed)
+        except Exception as exc:  # noqa: BLE001 - the harness's own code: never the package's fault
+            raise HarnessBug(f"planting {cs.plant!r}: {type(exc).__name__}: {exc}") from exc
     return out
 
 
@@ -160,14 +185,16 @@ class Case:
     """One call's worth of buffers over given pristine inputs; outputs poisoned."""
 
     def __init__(
-        self, args: list[Argument], pristine: dict[str, torch.Tensor], cs: CaseSpec, device: str, guards: bool = True
-    ):
+        self, args: list[Argument], pristine: dict[str, torch.Tensor], cs: CaseSpec, device: str, guards: bool = True,
+        pool: str = "shared",
+    ):  # fmt: skip
+        """`pool`: the host whose calls alone use these buffers ("candidate", "baseline"), or "shared"."""
         self.args = args
         self.pristine = pristine
         self.spec = cs
         shapes = shapes_of(args, cs.dim_map)
         self.buffers = {
-            a.name: Buffer(shapes[a.name], dtype_of(a, cs.dtype), device, cs.row_pad, guards) for a in args
+            a.name: Buffer(shapes[a.name], dtype_of(a, cs.dtype), device, cs.row_pad, guards, pool) for a in args
         }
         self.tensors = {name: b.view for name, b in self.buffers.items()}
         for arg in args:
@@ -178,13 +205,45 @@ class Case:
         self.packed = Packed([self.tensors[a.name] for a in args])
 
     def refresh(self) -> None:
-        """Poison outputs and restore inout args, so each call must do all of its work again."""
+        """Poison outputs (or fill them as the case says) and restore inout args, so each call must do
+        all of its work again."""
         for arg in self.args:
             t = self.tensors[arg.name]
             if arg.role == "out":
-                poison(t)
+                fill_output(t, self.spec.fill)
             elif arg.role == "inout":
                 t.copy_(self.pristine[arg.name])
+
+
+class Refresher:
+    """Case.refresh for many cases at once, in two multi-tensor copies (a graph replays thousands of
+    slots; one fill per slot and output would cost more launches than the replay has calls)."""
+
+    def __init__(self, cases: list[Case]) -> None:
+        self.dst: list[torch.Tensor] = []
+        self.src: list[torch.Tensor] = []
+        poisons: dict[tuple, torch.Tensor] = {}
+        for case in cases:
+            for arg in case.args:
+                t = case.tensors[arg.name]
+                if arg.role == "inout":
+                    self.dst.append(t)
+                    self.src.append(case.pristine[arg.name])
+                elif arg.role == "out" and t.dtype in POISON:
+                    key = (tuple(t.shape), t.dtype)
+                    if key not in poisons:
+                        p = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+                        poison(p)
+                        poisons[key] = p.view(POISON[t.dtype][0])
+                    self.dst.append(t.view(POISON[t.dtype][0]))
+                    self.src.append(poisons[key])
+                elif arg.role == "out":
+                    self.dst.append(t)
+                    self.src.append(torch.full_like(t, float("nan") if t.is_floating_point() else -1))
+
+    def __call__(self) -> None:
+        if self.dst:
+            torch._foreach_copy_(self.dst, self.src)
 
 
 def check_no_overlap(tensors: dict[str, torch.Tensor]) -> None:

@@ -5,8 +5,10 @@ zones are checked; then the baseline (when loaded) runs on its own buffers over 
 then the reference; then the candidate's outputs are checked; then the candidate runs again on
 the same, re-poisoned buffers (catches kernels that answer once per address). Per group the
 candidate's max |err| must stay within 2x the baseline's on the same inputs (calibration).
-Variants (edge shapes, scales, layouts) count only where they apply: where the baseline passes
-them, or without a baseline where the candidate accepts the shape.
+Variants (edge shapes, scales, layouts, shapes from the declared ranges and sizes, planted input
+classes, output fills, the update and burst sequences: docs/measurement.md, correctness 2 and 4) count
+only where they apply: where the baseline passes them, or without a baseline where the candidate
+accepts the shape. The package's own code failing is a PackageFault, never the kernel's failure.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gpu_worker import plan
-from gpu_worker.abi import UNSUPPORTED, error_message
-from gpu_worker.cases import Case, generate, reference, shapes_of, supports_special
+from gpu_worker import fuzz, plan
+from gpu_worker.abi import UNSUPPORTED, PackageFault, error_message
+from gpu_worker.cases import Case, HarnessBug, generate, poison, reference, shapes_of, supports_special
 from gpu_worker.checks import ErrorsByOutput, bound, check_inputs, check_outputs, errors_by_output, \
     output_tolerances, total  # fmt: skip
 from gpu_worker.context import Context, derive_seed
@@ -55,7 +57,14 @@ def run_test(ctx: Context) -> TestResult:
     if special and job.shapes and job.dtypes and not special_differs(ctx, job.dtypes[0]):
         ctx.notes.append("reference.py: make_inputs() accepts special=True but returns the same inputs without it: "
                          "its 'special' checks test no special values")  # fmt: skip
-    groups = plan.test_plan(job.spec, job.target, job.shapes, job.dtypes, job.trials, job.edge_shapes, special)
+    declared = [s.dims for s in job.shapes]
+    fuzz_seed = derive_seed(job.seed, job.salt, "fuzz")
+    fuzzed = [] if job.fuzz_budget == 0 else fuzz.fuzz_shapes(job.spec, job.target, fuzz_seed, job.fuzz_budget,
+                                                             exclude=declared)  # fmt: skip
+    sized = [] if job.fuzz_budget == 0 else fuzz.size_shapes(job.spec, job.target, fuzz_seed, job.fuzz_budget,
+                                                            exclude=declared + fuzzed)  # fmt: skip
+    groups = plan.test_plan(job.spec, job.target, job.shapes, job.dtypes, job.trials, job.edge_shapes, special,
+                            fuzzed, sized, job.sequences, turn=fuzz_seed % 997)  # fmt: skip
     checks: list[ShapeCheck] = []
     variant_checks: list[ShapeCheck] = []
     reason = None
@@ -72,7 +81,8 @@ def run_test(ctx: Context) -> TestResult:
             if not group.declared:
                 continue
             group = plan.Group(group.label, group.dtype, group.variant, True, group.cases[:1])
-        out = run_group(ctx, group, output_tolerances(job.spec.arguments, job.tolerances, group.dtype))
+        tol = output_tolerances(job.spec.arguments, job.tolerances, group.dtype)
+        out = run_sequence(ctx, group, tol) if group.variant in plan.SEQUENCES else run_group(ctx, group, tol)
         ok = out.message is None
         cand, base = total(out.cand), total(out.base)
         check = ShapeCheck(
@@ -99,6 +109,23 @@ def run_test(ctx: Context) -> TestResult:
     )  # fmt: skip
 
 
+def package_call(ctx: Context, what: str, group: plan.Group, fn):
+    """Run the package's own code (make_inputs, reference) for a group; its failure, a device-side
+    assert included (waited for here, before any kernel runs), is a PackageFault naming reference.py
+    and the case, never a failure of the kernel that runs next."""
+    where = f"{ctx.job.package_dir.rstrip('/')}/reference.py"
+    try:
+        result = fn()
+        if ctx.cuda:
+            torch.cuda.synchronize(ctx.device)
+    except (PackageFault, HarnessBug):
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the package's code raised
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise PackageFault(f"{where}: {what} failed at {group.key}: {type(exc).__name__}: {first}") from None
+    return result
+
+
 def run_group(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> GroupOutcome:
     job, out = ctx.job, GroupOutcome()
     args = job.spec.arguments
@@ -107,25 +134,26 @@ def run_group(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> Gro
         ctx.progress(f"test {group.key} trial {cs.trial}")
         seed = derive_seed(job.seed, job.salt, group.key, cs.trial)
         try:
-            pristine = generate(ctx.ref, args, cs, seed, dev)
-        except Exception as exc:  # noqa: BLE001 - a package error on a derived case: the case does not apply
+            pristine = package_call(ctx, "make_inputs()", group, lambda: generate(ctx.ref, args, cs, seed, dev))
+        except PackageFault as exc:  # on a derived case: the case does not apply
             if group.declared:
                 raise
-            out.skipped = f"skipped: make_inputs() cannot produce it ({type(exc).__name__}: {exc})"
+            out.skipped = f"skipped: make_inputs() cannot produce it ({exc})"
             return out
-        case = Case(args, pristine, cs, dev)
+        case = Case(args, pristine, cs, dev, pool="candidate")
         rc = ctx.call(ctx.kernel, case.packed)  # candidate first, on fresh allocations
         damage = check_inputs(case)
         base_rc, base_case = None, None
         if ctx.baseline is not None:
-            base_case = Case(args, pristine, cs, dev)
+            base_case = Case(args, pristine, cs, dev, pool="baseline")  # memory the candidate's host never maps
             base_rc = ctx.call(ctx.baseline, base_case.packed)
         try:
-            refs = reference(ctx.ref, args, pristine, shapes_of(args, cs.dim_map))
-        except Exception as exc:  # noqa: BLE001
+            refs = package_call(ctx, "reference()", group,
+                                lambda: reference(ctx.ref, args, pristine, shapes_of(args, cs.dim_map)))
+        except PackageFault as exc:
             if group.declared:
                 raise
-            out.skipped = f"skipped: reference() cannot compute it ({type(exc).__name__}: {exc})"
+            out.skipped = f"skipped: reference() cannot compute it ({exc})"
             return out
         if base_case is not None:
             base_msg = error_message(base_rc) if base_rc else check_outputs(base_case, refs, tol, out.base)
@@ -155,6 +183,155 @@ def run_group(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> Gro
     if ctx.cuda:
         torch.cuda.empty_cache()
     return out
+
+
+# The inputs of each call of an "update" sequence: the first as generated, then CHANGES in turn; the
+# last two find the previous call's outputs still in place, as a caller's reused output buffer does (a
+# kernel that skips a call whose outputs look done). A "repeat" sequence makes REPEAT_CALLS calls on one
+# small buffer set, a few elements changed before each, every other one with the outputs left in place
+# (a kernel that counts its calls on a buffer and turns lazy after many of them).
+CHANGES = ("one element", "a few elements", "one row")
+REPEAT_CALLS = 100
+FEW = 8
+BURST_CALLS = 6
+
+
+@dataclass
+class Call:
+    """One call of a sequence: on buffer set `buffer`, with inputs `inputs`; `keep`: outputs are left as
+    the previous call wrote them instead of poisoned."""
+
+    buffer: int
+    inputs: dict[str, torch.Tensor]
+    what: str
+    keep: bool = False
+
+
+def changed(pristine: dict[str, torch.Tensor], donor: dict[str, torch.Tensor], how: str,
+            gen: torch.Generator) -> dict[str, torch.Tensor]:  # fmt: skip
+    """A copy of the inputs with `how` many elements of every input replaced by the donor's (another draw
+    of the same generator, so integers stay in range and floats in distribution), at random places."""
+    out = {k: v.clone() for k, v in pristine.items()}
+    for name, t in out.items():
+        n = t.numel()
+        if n == 0:
+            continue
+        if how == "one element":
+            idx = torch.randint(0, n, (1,), generator=gen)
+        elif how == "a few elements":
+            idx = torch.randperm(n, generator=gen)[:FEW]
+        else:
+            w = t.shape[-1] if t.dim() else 1
+            r = int(torch.randint(0, max(1, n // max(w, 1)), (1,), generator=gen))
+            idx = torch.arange(r * w, min(n, (r + 1) * w))
+        idx = idx.to(t.device)
+        t.view(-1)[idx] = donor[name].reshape(-1)[idx]
+    return out
+
+
+def _restage(case: Case, pristine: dict[str, torch.Tensor], keep: bool) -> None:
+    """New input contents at the same addresses (only what changed differs); outputs poisoned again
+    unless `keep`."""
+    case.pristine = pristine
+    for arg in case.args:
+        if arg.role == "in":
+            case.tensors[arg.name].copy_(pristine[arg.name])
+        elif arg.role == "inout":
+            case.tensors[arg.name].copy_(pristine[arg.name])
+        elif not keep:
+            poison(case.tensors[arg.name])
+
+
+def sequence_plan(variant: str, firsts: list[dict], gen: torch.Generator) -> list[list[Call]]:
+    """The calls of a sequence, in bursts: each inner list runs back to back and is checked after."""
+    kept = ", the last outputs left in place"
+    if variant == "update":  # one buffer set, its inputs changed step by step
+        calls = [Call(0, firsts[0], "first call")]
+        for i, how in enumerate(CHANGES, start=1):
+            calls.append(Call(0, changed(calls[-1].inputs, firsts[i], how, gen),
+                              f"after {how} of every input changed in place{kept if i > 1 else ''}", i > 1))
+        return [[c] for c in calls]
+    if variant == "repeat":  # one buffer set, called REPEAT_CALLS times
+        calls = [Call(0, firsts[0], "first call")]
+        for k in range(1, REPEAT_CALLS):
+            keep = k % 2 == 0
+            calls.append(Call(0, changed(calls[-1].inputs, firsts[1 + k % (len(firsts) - 1)], "a few elements", gen),
+                              f"call {k + 1} on the same buffers, a few elements changed{kept if keep else ''}", keep))
+        return [[c] for c in calls]
+    # burst: BURST_CALLS buffer sets, each called back to back, twice
+    again = [changed(p, firsts[(i + 1) % len(firsts)], "a few elements", gen) for i, p in enumerate(firsts)]
+    return [[Call(i, p, f"burst 1, call {i + 1} of {len(firsts)}") for i, p in enumerate(firsts)],
+            [Call(i, p, f"burst 2, call {i + 1} of {len(firsts)} (a few elements changed)")
+             for i, p in enumerate(again)]]  # fmt: skip
+
+
+def run_sequence(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> GroupOutcome:
+    """Calls that change inputs the way callers do (docs/measurement.md, correctness 4):
+    - "update": one call, then, on the same buffers, a call after each CHANGES of the inputs in place
+      (a memo keyed on addresses and a sample of values, or on outputs that look done, answers stale);
+    - "repeat": REPEAT_CALLS calls on one small buffer set (a kernel that counts its calls turns wrong);
+    - "burst": BURST_CALLS calls back to back on buffers of different inputs, then the same buffers
+      with a few elements changed, back to back again; outputs checked only after each burst (a replay
+      that fires only in a tight loop of calls answers wrong).
+    The baseline runs the same sequence on its own buffers first where loaded: where it fails, the
+    variant does not apply."""
+    job, out = ctx.job, GroupOutcome()
+    args, dev = job.spec.arguments, ctx.device.type
+    cs = group.cases[0]
+    ctx.progress(f"test {group.key}")
+    seed = derive_seed(job.seed, job.salt, group.key, cs.trial)
+    gen = torch.Generator().manual_seed(seed)
+    n_inputs = BURST_CALLS if group.variant == "burst" else 1 + len(CHANGES)
+    try:
+        firsts = package_call(ctx, "make_inputs()", group,
+                              lambda: [generate(ctx.ref, args, cs, seed + i, dev) for i in range(n_inputs)])
+    except PackageFault as exc:
+        out.skipped = f"skipped: make_inputs() cannot produce it ({exc})"
+        return out
+    bursts = sequence_plan(group.variant, firsts, gen)
+    try:
+        refs = package_call(ctx, "reference()", group, lambda: {
+            id(c.inputs): reference(ctx.ref, args, c.inputs, shapes_of(args, cs.dim_map)) for b in bursts for c in b})
+    except PackageFault as exc:
+        out.skipped = f"skipped: reference() cannot compute it ({exc})"
+        return out
+    if ctx.baseline is not None:
+        msg = _sequence(ctx, ctx.baseline, args, cs, dev, bursts, refs, tol, out.base)
+        if msg:
+            out.base_ok = False
+            out.skipped = f"skipped: the baseline fails it too ({msg})"
+            return out
+    msg = _sequence(ctx, ctx.kernel, args, cs, dev, bursts, refs, tol, out.cand)
+    if msg:
+        if ctx.baseline is None and msg.startswith("UNSUPPORTED "):
+            out.skipped = f"skipped: the candidate does not take it ({msg.removeprefix('UNSUPPORTED ')})"
+        else:
+            out.message = msg.removeprefix("UNSUPPORTED ")
+        return out
+    calibrate(ctx, group, tol, out)
+    return out
+
+
+def _sequence(ctx: Context, kernel, args, cs: plan.CaseSpec, dev: str, bursts: list[list[Call]], refs: dict,
+              tol: dict[str, Tolerance], errors) -> str | None:  # fmt: skip
+    """Run the planned calls of one kernel on its own buffers: each burst back to back, checked after
+    it. The first failure, or None."""
+    cases: dict[int, Case] = {}
+    for burst in bursts:
+        for c in burst:
+            if c.buffer not in cases:
+                cases[c.buffer] = Case(args, c.inputs, cs, dev, pool=kernel.role)
+            else:
+                _restage(cases[c.buffer], c.inputs, c.keep)
+        rcs = [ctx.call(kernel, cases[c.buffer].packed) for c in burst]  # back to back, nothing checked between
+        for c, rc in zip(burst, rcs):
+            if rc:
+                return f"{'UNSUPPORTED ' if rc in UNSUPPORTED else ''}{c.what}: {error_message(rc)}"
+            case = cases[c.buffer]
+            msg = check_inputs(case) or check_outputs(case, refs[id(c.inputs)], tol, errors)
+            if msg:
+                return f"{c.what}: {msg}"
+    return None
 
 
 def calibrate(ctx: Context, group: plan.Group, tols: dict[str, Tolerance], out: GroupOutcome) -> None:

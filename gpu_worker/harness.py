@@ -149,11 +149,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         result = run_job(job, channel)
     except Exception as exc:  # any Python error is a failed result, never a missing one
-        from gpu_worker.abi import KernelFailure
+        from gpu_worker.abi import KernelFailure, PackageFault
         from gpu_worker.context import cuda_error
 
         where = f" (during {channel.step})" if channel.step else ""
-        if isinstance(exc, KernelFailure):
+        if isinstance(exc, (KernelFailure, PackageFault)):
             reason = f"{exc}{where}"
         elif "CUDA error" in str(exc) or "CUDA" in type(exc).__name__:
             reason = f"candidate: {cuda_error(exc)}{where}"

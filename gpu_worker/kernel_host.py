@@ -45,6 +45,7 @@ REPLY = struct.Struct("<iqi")
 SEGMENT = struct.Struct("<IQ")
 BURST = struct.Struct("<II")
 SEGMENT_SHIFT = 48
+EMPTY = (1 << 64) - 1  # the "where" of a tensor with no elements: its data pointer is NULL, as torch's is
 MAX_MESSAGE = 1 << 16
 MAX_NDIM = 8
 
@@ -73,6 +74,8 @@ def decode_pack(body: bytes, segments: dict[int, tuple[int, int]]) -> tuple[int,
         at += TENSOR_HEAD.size
         base, size = segments.get(where >> SEGMENT_SHIFT, (0, -1))
         offset = where & ((1 << SEGMENT_SHIFT) - 1)
+        if where == EMPTY:
+            base, offset, size = 0, 0, 0
         if not 0 <= ndim <= MAX_NDIM or offset > size:
             raise ValueError("malformed pack")
         dims = struct.unpack_from(f"<{2 * ndim}q", body, at)

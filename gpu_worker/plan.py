@@ -3,8 +3,11 @@
 Every declared shape and dtype gets `trials` seeded trials plus one trial per input scale; the
 package's declared test shapes also yield edge shapes (all symbols 1, one symbol at a time 1 and
 every value 2..8, every symbol a prime near its value) and one padded-row layout, each kept cheap by an element
-budget. Variants are enforced only where they apply: where the baseline passes them, or, without
-a baseline, where the candidate accepts the shape (see correctness.py).
+budget. On top (issue #25): shapes drawn from the package's ranges and its declared sizes (fuzz.py),
+input classes planted into the inputs (planted.py), outputs that start as zeros or garbage instead of
+the poison, and the update, repeat and burst sequences (correctness.run_sequence). Variants are
+enforced only where they apply: where the baseline passes them, or, without a baseline, where the
+candidate accepts the shape (see correctness.py).
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ import math
 from dataclasses import dataclass, field
 
 from kopt import expr
-from kopt.models import KernelSpec, Shape
-from kopt.package import shape_symbols
+from kopt.models import Argument, KernelSpec, Shape
+from kopt.package import is_integer, shape_symbols
 
 # Elements over all arguments: edge shapes stay under EDGE_BUDGET, scale and layout variants
 # run on declared shapes under VARIANT_BUDGET (CPU kernels are single-threaded and slow).
@@ -22,6 +25,17 @@ EDGE_BUDGET = {"cpu": 1 << 18, "cuda": 1 << 22}
 VARIANT_BUDGET = {"cpu": 1 << 20, "cuda": 1 << 26}
 SCALES = (0.01, 100.0)  # input scales of the scale variants (docs/measurement.md, correctness 2)
 ROW_PAD = 8  # elements of padding per row in the strided variant (keeps 16-byte alignment)
+# Input classes the harness plants (gpu_worker/planted.py), each a variant group at one shape.
+PLANTED_KINDS = ("zeros", "repeated", "sparse", "constant", "leading-zeros", "huge", "tiny", "same-as-other")
+# Outputs filled with something other than the NaN poison before the call, as a serving framework's
+# buffers are (torch.empty's leftovers, zeros): a kernel that does its work only on poisoned outputs, to
+# tell the harness from production, is wrong here.
+OUTPUT_FILLS = ("zeros", "garbage")
+# Variants that call the kernel several times: "update" changes a few input elements in place between
+# calls on the same buffers; "repeat" calls one small buffer set a hundred times; "burst" calls it back
+# to back on several buffers and checks at the end (correctness.run_sequence).
+SEQUENCES = ("update", "repeat", "burst")
+REPEAT_MIN_ELEMENTS = 64  # the repeat sequence's shape: the smallest declared with at least this many
 SMALL_SIZES = 8  # edge shapes set each symbol to every value 2..SMALL_SIZES (one vector of 8 halves)
 
 
@@ -34,6 +48,8 @@ class CaseSpec:
     scale: float = 1.0
     special: bool = False
     row_pad: int = 0
+    plant: str = ""  # an input class the harness plants (gpu_worker/planted.py)
+    fill: str = ""  # what outputs hold before a call: "" the NaN poison, or one of OUTPUT_FILLS
 
     @property
     def dim_map(self) -> dict[str, int]:
@@ -63,9 +79,11 @@ def elements(spec: KernelSpec, dims: dict[str, int]) -> int:
     return sum(math.prod(s) for s in arg_shapes(spec, dims))
 
 
-def valid(spec: KernelSpec, dims: dict[str, int]) -> bool:
+def valid(spec: KernelSpec, dims: dict[str, int], allow_empty: bool = False) -> bool:
+    """Every argument's shape evaluates, with dimensions >= 1 (>= 0 with allow_empty)."""
+    least = 0 if allow_empty else 1
     try:
-        return all(d > 0 for s in arg_shapes(spec, dims) for d in s)
+        return all(d >= least for s in arg_shapes(spec, dims) for d in s)
     except (expr.ExprError, ZeroDivisionError, TypeError):
         return False
 
@@ -128,10 +146,34 @@ def edge_shapes(spec: KernelSpec, declared: list[Shape], target: str) -> list[di
     return out
 
 
+def plantable(arg: Argument) -> bool:
+    """A float input the harness may rewrite (kernel.toml `scale = false` keeps tables as they are)."""
+    return arg.role != "out" and not is_integer(arg) and arg.scale
+
+
+def repeat_shape(spec: KernelSpec, declared: list[Shape]) -> Shape:
+    """Where the repeat sequence runs: the smallest declared shape of at least REPEAT_MIN_ELEMENTS
+    elements (a hundred calls stay cheap; a few changed elements are a small share), else the largest."""
+    sizes = sorted((s for s in declared if valid(spec, s.dims)), key=lambda s: elements(spec, s.dims)) or declared
+    return next((s for s in sizes if elements(spec, s.dims) >= REPEAT_MIN_ELEMENTS), sizes[-1])
+
+
+def planted_shape(spec: KernelSpec, declared: list[Shape], target: str) -> Shape | None:
+    """Where planted inputs go: the largest declared shape under the edge budget (rows enough to
+    plant several kinds of row, cheap enough to plant all of them)."""
+    budget = EDGE_BUDGET.get(target, EDGE_BUDGET["cuda"])
+    fitting = [s for s in declared if valid(spec, s.dims) and elements(spec, s.dims) <= budget]
+    return max(fitting, key=lambda s: elements(spec, s.dims)) if fitting else None
+
+
 def test_plan(
-    spec: KernelSpec, target: str, shapes: list[Shape], dtypes: list[str], trials: int, edge: bool, special: bool
+    spec: KernelSpec, target: str, shapes: list[Shape], dtypes: list[str], trials: int, edge: bool, special: bool,
+    fuzz: list[dict[str, int]] | None = None, sizes: list[dict[str, int]] | None = None, sequences: bool = True,
+    turn: int = 0,
 ) -> list[Group]:
-    """Groups to check, declared shapes first. `special`: make_inputs takes special=True."""
+    """Groups to check, declared shapes first. `special`: make_inputs takes special=True. `fuzz`:
+    the job's seeded shapes from the declared ranges (gpu_worker/fuzz.py), one trial each; `sizes`: the
+    declared sizes' shapes, one trial each in one dtype (in turn); `turn`: the first dtype of the turns."""
     groups: list[Group] = []
     budget = VARIANT_BUDGET.get(target, VARIANT_BUDGET["cuda"])
     two_d = any(len(a.shape) >= 2 for a in spec.arguments)
@@ -148,11 +190,34 @@ def test_plan(
             if special:
                 groups.append(Group(shape.label, dtype, "special", False, [CaseSpec(dims, dtype, "special", 0,
                                                                                     special=True)]))
+    base = planted_shape(spec, shapes, target)
+    # The added classes: the update and burst sequences in every dtype; the repeat sequence, the output
+    # fills and the planted classes in one dtype each, the dtypes in turn from `turn` on (a job's seed
+    # picks it, so across judgements every class meets every dtype).
+    added: list[tuple[Shape, str, bool, dict]] = []  # (shape, variant, one dtype only, CaseSpec extras)
+    if base is not None and sequences:  # calls that change inputs the way callers do (correctness.run_sequence)
+        added += [(repeat_shape(spec, shapes) if v == "repeat" else base, v, v == "repeat", {}) for v in SEQUENCES]
+    if base is not None:
+        added += [(base, f"fill:{fill}", True, {"fill": fill}) for fill in OUTPUT_FILLS]
+    if base is not None and any(plantable(a) for a in spec.arguments):
+        added += [(base, f"planted:{kind}", True, {"plant": kind}) for kind in PLANTED_KINDS]
+    for shape, v, one, extra in added:
+        for dtype in ([dtypes[turn % len(dtypes)]] if one and dtypes else dtypes):
+            turn += one
+            groups.append(Group(shape.label, dtype, v, False, [CaseSpec(tuple(shape.dims.items()), dtype, v, 0,
+                                                                        **extra)]))  # fmt: skip
     if edge:
         for dims in edge_shapes(spec, shapes, target):
             for dtype in dtypes:
                 case = CaseSpec(tuple(dims.items()), dtype, "edge", 0)
                 groups.append(Group(label(dims), dtype, "edge", False, [case]))
+    for i, dims in enumerate(sizes or []):  # the declared sizes, one dtype each in turn (there are many)
+        if dtypes:
+            dtype = dtypes[(turn + i) % len(dtypes)]
+            groups.append(Group(label(dims), dtype, "size", False, [CaseSpec(tuple(dims.items()), dtype, "size", 0)]))
+    for dims in fuzz or []:
+        for dtype in dtypes:
+            groups.append(Group(label(dims), dtype, "fuzz", False, [CaseSpec(tuple(dims.items()), dtype, "fuzz", 0)]))
     if two_d:
         fitting = [s for s in shapes if elements(spec, s.dims) <= budget]
         if fitting:

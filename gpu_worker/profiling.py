@@ -19,7 +19,7 @@ import torch
 from gpu_worker import device as devinfo
 from gpu_worker import stats, timing
 from gpu_worker.abi import KernelFailure, error_message
-from gpu_worker.cases import Case, generate, reference, shapes_of
+from gpu_worker.cases import Case, Refresher, generate, reference, shapes_of
 from gpu_worker.checks import check_inputs, check_outputs, errors_by_output, output_tolerances
 from gpu_worker.context import Context, derive_seed
 from gpu_worker.nvml import Monitor
@@ -179,6 +179,19 @@ class Timed:
     sampling_s: float = 0.0  # wall seconds of the sampling loop (both sides of an A/B)
 
 
+def recheck_failure(ctx: Context, rot: Rotation, msg: str) -> str:
+    """The reason of a failed re-check of a timed output. Where the kernel is the package's own baseline
+    (the baseline host, or a job without one: the baseline's own run), say what timed calls do to the
+    float inputs: a float input that holds indices, positions or a table breaks under rescaling."""
+    why = f"{rot.kernel.role}: timed output re-check failed: {msg}"
+    scaled = rot.perturber.scaled if rot.perturber is not None else set()
+    if (rot.kernel.role == "baseline" or ctx.baseline is None) and scaled:
+        names = ", ".join(sorted(scaled))
+        why += (f" (timed calls rescale every float input by a factor per call, here {names}: if one of them "
+                "holds indices, positions or a table, mark it `scale = false` in kernel.toml)")
+    return why
+
+
 def run_profile(ctx: Context, copy_bw: float) -> ProfileResult:
     result = _run_profile(ctx, copy_bw)
     result.notes = list(ctx.notes) + ctx.hosts.summary()
@@ -332,7 +345,7 @@ def time_shape(
         ctx.sync(rot.kernel.role)
         msg = rot.check(rot.cur, tol)
         if msg:
-            raise KernelFailure(f"{rot.kernel.role}: timed output re-check failed: {msg}")
+            raise KernelFailure(recheck_failure(ctx, rot, msg))
 
     sampling_start = time.perf_counter()
     results = timing.sample(measures, cap, monitor if ctx.cuda else None, after_block)
@@ -346,7 +359,7 @@ def time_shape(
         else:
             msg = next((m for k in range(len(rot.slots)) if (m := rot.final_check(k, tol))), None)
         if msg:
-            raise KernelFailure(f"{rot.kernel.role}: timed output re-check failed: {msg}")
+            raise KernelFailure(recheck_failure(ctx, rot, msg))
     if ctx.cuda:
         cand = rotations[-1]
         median_s = max(results[-1].median_us, 0.5) * 1e-6
@@ -381,7 +394,8 @@ def graph_timers(ctx: Context, kernels: list[RemoteKernel], sets, cs: CaseSpec, 
         rot = Rotation(ctx, kernel, uniques, cs, calls, share=timers[0].rotation if timers else None)
         ctx.sync()
         try:
-            timer = timing.GraphTimer(kernel, [slot.packed for slot in rot.slots], ctx.hosts)
+            refresh = timers[0].before_replay if timers else Refresher(rot.slots)
+            timer = timing.GraphTimer(kernel, [slot.packed for slot in rot.slots], ctx.hosts, refresh)
         except CaptureFailed as exc:  # the kernel syncs or allocates inside the call
             ctx.notes.append(f"{kernel.role}: CUDA graph capture failed ({exc}); timed in cold mode instead")
             return None

@@ -50,6 +50,10 @@ class HarnessJob(BaseModel):
     baseline_id: str | None = None
     baseline_errors: dict[str, float] = Field(default_factory=dict)
     edge_shapes: bool = True
+    # Elements a fuzzed shape may hold (gpu_worker/fuzz.py); None: the target's FUZZ_BUDGET, 0: no
+    # fuzzed shapes (a sanitizer's racecheck).
+    fuzz_budget: int | None = None
+    sequences: bool = True  # the update and burst sequences (correctness.run_sequence); off under a sanitizer
     timing_mode: TimingMode = "auto"
     memory_limit_mb: int = 8192
     sandbox: bool = True  # seccomp and rlimits; off only under compute-sanitizer

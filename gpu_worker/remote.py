@@ -30,7 +30,7 @@ import weakref
 import torch
 
 from gpu_worker.abi import KOPT_DTYPES, KernelFailure, Packed, error_message
-from gpu_worker.kernel_host import BURST, CALL, PACK_HEAD, REPLY, SEGMENT, SEGMENT_SHIFT, TENSOR_HEAD
+from gpu_worker.kernel_host import BURST, CALL, EMPTY, PACK_HEAD, REPLY, SEGMENT, SEGMENT_SHIFT, TENSOR_HEAD
 from gpu_worker.sandbox import FSIZE_LIMIT
 from kopt.seccomp import KILLED_REASON
 
@@ -132,8 +132,10 @@ class Arena:
         """(the host's ARENA argument, descriptors it inherits)."""
         return f"{self.fd}:{self.size}", (self.fd,)
 
-    def tensor(self, count: int, dtype: torch.dtype, owner: object) -> torch.Tensor:
-        """`count` elements of `dtype` in the arena, given back when `owner` is collected."""
+    def tensor(self, count: int, dtype: torch.dtype, owner: object, pool: str = "shared") -> torch.Tensor:
+        """`count` elements of `dtype` in the arena, given back when `owner` is collected. (One memfd
+        every host maps: `pool` is CUDA's; a CPU host cannot act outside its calls, and each buffer is
+        poisoned when it is allocated, after the calls of the other host that came before.)"""
         length = _length(count, dtype)
         off = self.region.take(length)
         if off is None:
@@ -174,16 +176,21 @@ class CudaArena:
         self.device = device
         self.ordinal = device.index or 0
         self.gran = cuda_driver.granularity(self.ordinal)
-        self.segs: list[tuple[int, int, int, Region, torch.Tensor]] = []  # (ptr, size, fd, region, bytes)
+        self.segs: list[tuple[int, int, int, Region, torch.Tensor, str]] = []  # (ptr, size, fd, region, bytes, pool)
 
     @property
     def spawn(self) -> tuple[str, tuple[int, ...]]:
         return f"cuda:{self.ordinal}", ()
 
-    def tensor(self, count: int, dtype: torch.dtype, owner: object) -> torch.Tensor:
+    def tensor(self, count: int, dtype: torch.dtype, owner: object, pool: str = "shared") -> torch.Tensor:
+        """`count` elements in a segment of `pool`: "candidate" and "baseline" segments hold the buffers
+        of one host's test calls, and a host maps only the segments its calls use, so no kernel can
+        reach the other's buffers (a candidate's kernel left running after its call could otherwise
+        spoil the baseline's guards and have every check the baseline "fails" skipped); "shared" holds
+        the A/B slots both hosts are timed on."""
         length = _length(count, dtype)
-        for _, _, _, region, whole in self.segs:
-            off = region.take(length)
+        for _, _, _, region, whole, seg_pool in self.segs:
+            off = region.take(length) if seg_pool == pool else None
             if off is not None:
                 break
         else:
@@ -192,20 +199,20 @@ class CudaArena:
             ptr, fd = self.driver.create_segment(size, self.ordinal)
             whole = torch.as_tensor(_CudaSegment(ptr, size), device=self.device)
             region = Region(size)
-            self.segs.append((ptr, size, fd, region, whole))
+            self.segs.append((ptr, size, fd, region, whole, pool))
             off = region.take(length)
         weakref.finalize(owner, region.give_back, off, length)
         return whole[off : off + count * torch.empty((), dtype=dtype).element_size()].view(dtype)
 
     def offset_of(self, ptr: int, nbytes: int) -> int:
-        for i, (base, size, _, _, _) in enumerate(self.segs):
+        for i, (base, size, *_) in enumerate(self.segs):
             if base <= ptr and ptr + nbytes <= base + size:
                 return i << SEGMENT_SHIFT | (ptr - base)
         raise RuntimeError("harness bug: a kernel buffer outside the shared segments")
 
     def segments(self) -> list[tuple[int, int, int]]:
         """(segment id, bytes, descriptor) of every segment so far."""
-        return [(i, size, fd) for i, (_, size, fd, _, _) in enumerate(self.segs)]
+        return [(i, size, fd) for i, (_, size, fd, *_) in enumerate(self.segs)]
 
 
 class Hosts:
@@ -411,7 +418,7 @@ class RemoteKernel:
         self.serial = RemoteKernel._ids  # names this host in the packs registered with it
         self.last_rt_ns = self.last_ns = 0
         self._forgotten: list[int] = []
-        self._segments_sent = 0
+        self._segments: set[int] = set()  # CUDA: the device segments this host has mapped (only those its packs use)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
         arena_arg, fds = arena.spawn
@@ -506,14 +513,18 @@ class RemoteKernel:
         body = [b"P", PACK_HEAD.pack(pack_id, packed.n)]
         for t in packed.tensors:
             extent = (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size() if t.numel() else 0
-            body.append(TENSOR_HEAD.pack(self.arena.offset_of(t.data_ptr(), extent), KOPT_DTYPES[t.dtype], t.dim()))
+            where = self.arena.offset_of(t.data_ptr(), extent) if t.numel() else EMPTY
+            body.append(TENSOR_HEAD.pack(where, KOPT_DTYPES[t.dtype], t.dim()))
             body.append(struct.pack(f"<{2 * t.dim()}q", *t.shape, *t.stride()))
-        for seg, size, fd in self.arena.segments()[self._segments_sent :]:  # new device segments first
+        used = {self.arena.offset_of(t.data_ptr(), 1) >> SEGMENT_SHIFT for t in packed.tensors if t.numel()}
+        for seg, size, fd in self.arena.segments():  # the device segments this pack uses, new to the host, first
+            if seg not in used or seg in self._segments:
+                continue
             try:
                 socket.send_fds(self.sock, [b"S" + SEGMENT.pack(seg, size)], [fd])
             except OSError:
                 raise KernelFailure(self._died()) from None
-            self._segments_sent += 1
+            self._segments.add(seg)
         self._send(b"".join(body))
         ids[self.serial] = pack_id
         weakref.finalize(packed, self._forgotten.append, pack_id)

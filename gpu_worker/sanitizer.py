@@ -36,6 +36,7 @@ def find_sanitizer() -> str | None:
 
 
 SANITIZE_MAX_ELEMENTS = 1 << 28  # the above-the-test-sizes class only up to this size (memcheck is slow)
+SANITIZE_FUZZ_BUDGET = 1 << 20  # memcheck sees the job's fuzzed shapes drawn under this element budget
 
 
 def class_shapes(job: HarnessJob) -> list[Shape]:
@@ -51,10 +52,13 @@ def sanitizer_job(job: HarnessJob, tool: str = "memcheck") -> HarnessJob:
     """The sanitizer's job: one shape per class (with variants), one trial, no baseline, no seccomp
     inside (the tool forks and execs; the jail and its tool profile hold it: kopt/jail.py).
     racecheck tracks every shared-memory access (minutes on a serving-size shape) and shared-memory
-    races do not depend on the size class: it gets the declared test shapes only."""
+    races do not depend on the size class: it gets the declared test shapes only. Neither runs the update
+    and burst sequences (a hundred calls of one shape, minutes under the tool, nothing new to see)."""
     shapes = class_shapes(job) if tool == "memcheck" else list(job.shapes)
+    fuzz = SANITIZE_FUZZ_BUDGET if tool == "memcheck" else 0
     return job.model_copy(update={
         "shapes": shapes, "trials": 1, "edge_shapes": True, "baseline_library": None, "sandbox": False, "resume": [],
+        "fuzz_budget": fuzz, "sequences": False,
     })  # fmt: skip
 
 

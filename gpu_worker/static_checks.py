@@ -1,13 +1,44 @@
-"""Static checks on a candidate before it runs: its source text and its shared library's symbols.
+"""Static checks on a candidate before it runs: its source text and its shared library.
 
 Pure functions, no torch. A violation is a precise, human-readable line; an empty list passes.
 They catch the cheats a runtime check sees only by luck (work on another stream or thread, calls
 into a library that does the work, process control) and say so before any GPU time is spent.
 They are a first line, not the only one: the harness also checks behaviour at run time.
+
+Some things only a cheat needs: a kernel computes its outputs from its inputs, so it has no use for
+the process environment, its pid, the machine's name, the terminal, its resource limits, the clock,
+the cycle counter, its caller's stack, the loader's state, the thread control block (glibc caches the
+thread id there: %fs:0x2d0 is the pid, no call needed), which SM runs it, or system calls of its own.
+Code that reads them can tell the harness from production and behave differently in each; such a
+candidate is refused with the reason, before it runs (issue #25, item 7).
+
+Three scans, because each alone can be dodged:
+- the source with comments and strings blanked: identifiers (getenv, getpid, __rdtsc, ...);
+- the string literals of the source, escapes decoded and adjacent literals joined (what an asm
+  statement hands the assembler): instructions (syscall, sysenter, int $0x80, rdtsc, cpuid, rdfsbase),
+  PTX special registers (%smid, %globaltimer, ...), and in asm templates the data directives (.byte,
+  .word, .inst, ...) that emit machine code no instruction scan of the source can read, and the segment
+  registers (%fs:, %gs:, fs:[...]); a thread_local variable is not refused: the compiler reaches it
+  through %fs, the source does not;
+- the library's machine code (objdump -d): system-call, cycle-counter and rd/wr{fs,gs}base instructions
+  (not %fs accesses: the stack protector and thread_local variables make those in honest code). The
+  preprocessor can spell anything (token pasting, stringification), so the text scans are not
+  final; an instruction in the library is. On CPU, g++ links libc dynamically, so a candidate's
+  library holds no system-call instruction at all (the three package baselines hold none). cpuid
+  is not looked for here: libgcc's __builtin_cpu_supports support, linked into honest libraries,
+  executes it. On CUDA, nvcc links the static CUDA runtime into the library; its own functions may
+  hold such instructions (CUDA 13's holds none of these, one cpuid), so the instructions found in
+  the libcudart_static.a that nvcc links are allowed where the library has them in a function of
+  the same name (the runtime's are named libcudart_static_<hash>); anything else is the candidate's.
+  Without that archive the CUDA machine code is not scanned (a note says so).
+What no scan sees: a jump into the middle of another instruction whose bytes spell a syscall, or into
+libc's own syscall() from an allowed import's address (tests/hostile/libc_syscall.cpp); the sandbox
+holds there.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
@@ -48,15 +79,91 @@ FORBIDDEN: list[tuple[str, str]] = [
     # system calls that no source pattern names. A kernel has no reason to choose its sections.
     (r"\bsection\s*\(|__declspec\s*\(\s*allocate|\bgnu\s*::\s*section\b",
      "places code or data in a section of its choice (machine code hidden in data)"),
-    (r"%globaltimer|%clock\b|%clock64\b", "reads or patches device timers in inline assembly"),
     (r"\bclock_gettime\b|\bgettimeofday\b|\bstd\s*::\s*chrono\b|\bcudaEvent\w+",
      "reads clocks or events (timing is the harness's job)"),
+]
+
+# What only code that tells the harness from production needs (issue #25, item 7). Each: (names, what it
+# means). The names are matched as identifiers in the code (not after `.` or `->`: a member of that name is
+# something else), as words in asm templates (`call getpid@PLT`, an asm label that renames a declaration) and,
+# on CPU, as imported symbols. `{}` in the meaning is the name found.
+WHY = "a kernel has no use for it; only code that tells the harness from production does"
+SANDBOX = "a kernel has no use for them; only code that escapes its sandbox or tells the harness from production does"
+PROBES: list[tuple[str, str]] = [
+    (r"getenv|secure_getenv|__secure_getenv|environ|__environ|_environ",
+     f"reads the process environment ({{}}): {WHY}"),
+    (r"getpid|getppid|gettid|getuid|geteuid|getgid|getegid|getresuid|getresgid|getpgrp|getpgid|getsid|"
+     r"getlogin|getlogin_r|program_invocation_name|program_invocation_short_name|__progname|__progname_full",
+     f"asks which process it is ({{}}): {WHY}"),
+    (r"sched_getcpu|sched_getaffinity|pthread_getaffinity_np|uname|gethostname|getdomainname|sysconf|"
+     r"get_nprocs|get_nprocs_conf|get_phys_pages|get_avphys_pages|sysinfo|getloadavg",
+     f"asks which machine or CPU it runs on ({{}}): {WHY}"),
+    (r"isatty|ttyname|ttyname_r|ctermid", f"asks whether it has a terminal ({{}}): {WHY}"),
+    (r"getrlimit|getrlimit64|prlimit|prlimit64|getrusage", f"reads its resource limits or usage ({{}}): {WHY}"),
+    (r"__rdtsc|__rdtscp|_rdtsc|__builtin_ia32_rdtscp?|__builtin_readcyclecounter|__builtin_readsteadycounter|"
+     r"_rdpid_u32|__builtin_ia32_rdpid|__rdpmc|__builtin_ia32_rdpmc",
+     f"reads the CPU's cycle counter ({{}}): {WHY} (timing is the harness's job)"),
+    # The thread pointer (%fs on x86-64) leads to glibc's thread control block, which caches the thread
+    # id at a fixed offset: the pid without a call (red team, 2026-11-25: `movl %fs:0x2d0`). A C++
+    # thread_local variable is not this: the compiler reaches it through %fs, the source never says so.
+    (r"__builtin_thread_pointer|__builtin_set_thread_pointer|__seg_fs|__seg_gs|_(?:read|write)[fg]sbase_u(?:32|64)|"
+     r"__builtin_ia32_(?:rd|wr)[fg]sbase(?:32|64)|arch_prctl|pthread_self|thrd_current|pthread_getattr_np",
+     f"reads the thread control block directly ({{}}): {WHY}"),
+    (r"__builtin_return_address|__builtin_frame_address|__builtin_extract_return_addr|_Unwind_Backtrace|"
+     r"_Unwind_GetIP|_Unwind_GetIPInfo|_Unwind_GetCFA|backtrace|backtrace_symbols|backtrace_symbols_fd",
+     f"walks the stack into its caller ({{}}): {WHY}"),
+    (r"dl_iterate_phdr|dladdr|dladdr1|dlinfo|getauxval|_r_debug|_dl_\w+|__libc_\w+",
+     f"reads the loader's or libc's own state ({{}}): {WHY}"),
+    # CUDA device code: which SM or grid it runs on (libcu++'s cuda::ptx and clang's builtins spell %smid too)
+    (r"get_sreg_(?:smid|nsmid|gridid|envreg\d+|clock\w*|globaltimer\w*)|"
+     r"__nvvm_read_ptx_sreg_(?:smid|nsmid|gridid|envreg\d+|clock\w*|globaltimer\w*)",
+     f"reads which SM or grid runs it, or a device clock ({{}}): {WHY}"),
+]
+# Common words: only a call counts (`float clock = ...` is a variable; clock64 is CUDA's device clock).
+CLOCK_CALLS = (r"clock|clock64|time|times|timespec_get|ftime",
+               f"reads a clock ({{}}): {WHY} (timing is the harness's job)")
+PROBE_CODE = [(re.compile(rf"(?<![\w.>$])(?:{names})\b"), meaning) for names, meaning in PROBES] + [
+    (re.compile(rf"(?<![\w.>$])(?:{CLOCK_CALLS[0]})(?=\s*\()"), CLOCK_CALLS[1])]
+PROBE_WORDS = [(re.compile(rf"(?<![\w.$%])(?:{names})(?![\w$])"), meaning)
+               for names, meaning in [*PROBES, CLOCK_CALLS]]  # fmt: skip
+
+# Instructions and PTX registers a kernel has no use for, looked for in every string literal (an asm
+# statement's template is one; its `asm` keyword may come from a macro) once escapes are decoded and
+# adjacent literals joined. Lower case: the assembler does not care.
+STRING_RULES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"(?<![\w.%$])(?:syscall|sysenter)\b|(?<![\w.%$])int\s*\$?\s*(?:0x80|128)\b"),
+     f"makes system calls itself ({{}}): {SANDBOX}"),
+    (re.compile(r"(?<![\w.%$])(?:rdtscp?|rdpid|rdpmc)\b"), f"reads the CPU's cycle counter ({{}}): {WHY}"),
+    (re.compile(r"(?<![\w.%$])(?:rd|wr)[fg]sbase[lq]?\b"), f"reads the thread control block directly ({{}}): {WHY}"),
+    (re.compile(r"(?<![\w.%$])cpuid\b"), f"asks the CPU who it is in inline assembly ({{}}): {WHY}"),
+    (re.compile(r"%(?:smid|nsmid|gridid|envreg\d+)\b"), f"reads which SM or grid runs it ({{}}): {WHY}"),
+    (re.compile(r"%(?:globaltimer(?:_lo|_hi)?|clock|clock64|clock_hi)\b"),
+     "reads or patches device timers in inline assembly ({}) (timing is the harness's job)"),
+]
+# Only in asm templates: a software interrupt of any number, an aarch64 system call, and the assembler
+# directives that emit data, which in .text is machine code (`.byte 0x0f, 0x05` is a syscall) that no
+# scan of the source can read. PTX has none of these words (its `.b8`, `.align 16 .b8` are not them).
+ASM_RULES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"(?<![\w.%$])(?:int|svc)\b[^;\n]*"),
+     f"raises a software interrupt or makes a system call in inline assembly ({{}}): {SANDBOX}"),
+    (re.compile(r"(?<![\w.$])\.(?:byte|[248]byte|short|hword|word|int|long|quad|octa|inst(?:\.[nw])?|insn|ascii|"
+                r"asciz|string(?:8|16|32|64)?|fill|skip|space|dcb?(?:\.[a-z])?|ds(?:\.[a-z])?|float|single|double|"
+                r"hfloat|bfloat16|[dfgt]float|sleb128|uleb128|base64|value)\b|"
+                r"(?<![\w.$])\.(?:b|p2)?align[wl]?\s[^,;\n]*,\s*[^,\s;]|(?<![\w.$])\.org\b[^;\n]*,"),
+     "emits raw bytes from inline assembly ({}): machine code that no scan of the source can read (a kernel "
+     "writes its instructions by name)"),
+    # A segment register: `%fs:0x2d0` (`%%fs` with operands), Intel's `fs:[0x2d0]` or the bare prefix
+    # `fs movl 0x2d0, %eax` reads the thread control block, which caches the thread id; a kernel's own
+    # assembly has no use for either register.
+    (re.compile(r"(?<![\w.$%])%*[fg]s\b(?:\s*:\s*[^,;\n]*)?"),
+     f"reads the thread control block directly ({{}}): {WHY}"),
 ]
 LAUNCH = re.compile(r"<<<(.*?)>>>", re.S)
 
 
-def strip_comments_and_strings(source: str) -> str:
-    """Source with comments and string/char literals blanked (newlines kept, for line numbers)."""
+def strip_comments_and_strings(source: str, keep_strings: bool = False) -> str:
+    """Source with comments and string/char literals blanked (newlines kept, for line numbers);
+    with keep_strings, only the comments."""
     out, i, n = [], 0, len(source)
     while i < n:
         c = source[i]
@@ -66,18 +173,23 @@ def strip_comments_and_strings(source: str) -> str:
         elif source.startswith("/*", i):
             j = source.find("*/", i + 2)
             end = n if j < 0 else j + 2
-            out.append("\n" * source.count("\n", i, end))
+            out.append(" " + "\n" * source.count("\n", i, end))
             i = end
         elif c in "\"'":
             j = i + 1
             while j < n and source[j] != c and source[j] != "\n":
                 j += 2 if source[j] == "\\" else 1
-            out.append(c + c)
+            out.append(source[i : j + 1] if keep_strings else c + c)
             i = j + 1
         else:
             out.append(c)
             i += 1
     return "".join(out)
+
+
+def _with_strings(source: str) -> str:
+    """What the compiler reads for our purposes: line splices joined, comments blanked, strings kept."""
+    return strip_comments_and_strings(source.replace("\\\r\n", "").replace("\\\n", ""), keep_strings=True)
 
 
 def _line(text: str, pos: int) -> int:
@@ -100,6 +212,87 @@ def _split_top_level(args: str) -> list[str]:
     return parts
 
 
+ESCAPE = re.compile(r"\\(?:x[0-9a-fA-F]+|[0-7]{1,3}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|.)", re.S)
+SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
+RAW_PREFIX = re.compile(r"(?:u8|[uUL])?R$")
+RAW_OPEN = re.compile(r'"([^()\\\s"]{0,16})\(')
+
+
+def _decode(body: str) -> str:
+    """A string literal's body as the compiler reads it: C escapes (\\n, \\x2e, \\056, ...) decoded."""
+
+    def one(m: re.Match[str]) -> str:
+        e = m.group(0)[1:]
+        if e[0] in "xuU":
+            return chr(int(e[1:], 16) % 0x110000)
+        if e[0] in "01234567":
+            return chr(int(e, 8))
+        return SIMPLE_ESCAPES.get(e, e)
+
+    return ESCAPE.sub(one, body)
+
+
+def string_literals(source: str) -> list[tuple[int, str]]:
+    """(line, text) of each string literal in the source, comments skipped, escapes decoded and adjacent
+    literals joined ("sys" "call" is "syscall" to the compiler); raw literals R"(...)" read as written."""
+    text = _with_strings(source)
+    out: list[tuple[int, str]] = []
+    i, n, last_end = 0, len(text), -1
+    while i < n:
+        c = text[i]
+        if c == "'":  # a character literal (or a digit separator: skipped to the next quote on the line)
+            j = i + 1
+            while j < n and text[j] != "'" and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            i = j + 1
+            continue
+        if c != '"':
+            i += 1
+            continue
+        start = i
+        raw = RAW_OPEN.match(text, i) if RAW_PREFIX.search(text[max(0, i - 3) : i]) else None
+        if raw:
+            end = text.find(")" + raw.group(1) + '"', raw.end())
+            end = n if end < 0 else end
+            piece, i = text[raw.end() : end], end + len(raw.group(1)) + 2
+        else:
+            j = i + 1
+            while j < n and text[j] != '"' and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            piece, i = _decode(text[i + 1 : j]), j + 1
+        if out and last_end >= 0 and not text[last_end:start].strip():
+            out[-1] = (out[-1][0], out[-1][1] + piece)
+        else:
+            out.append((text.count("\n", 0, start) + 1, piece))
+        last_end = i
+    return out
+
+
+def asm_templates(source: str) -> list[tuple[int, str]]:
+    """(line, text) of each asm statement's template (what the assembler reads), escapes decoded and
+    literals joined. A template that is not plain literals is refused by build.source_problems."""
+    text = _with_strings(source)
+    out = []
+    for m in build.ASM.finditer(text):
+        depth, j = 1, m.end()
+        while j < len(text) and depth and not (depth == 1 and text[j] == ":"):
+            if text[j] == '"':
+                lit = build.STRING.match(text, j)
+                j = lit.end() if lit else j + 1
+                continue
+            depth += {"(": 1, ")": -1}.get(text[j], 0)
+            j += 1
+        template = text[m.end() : j]
+        out.append((text.count("\n", 0, m.start()) + 1, "".join(_decode(lit[1:-1]) for lit in
+                                                                  build.STRING.findall(template))))  # fmt: skip
+    return out
+
+
+def _found(line: int, meaning: str, text: str) -> str:
+    text = " ".join(text.split())
+    return f"line {line}: {meaning.format(text)}" if "{}" in meaning else f"line {line}: {meaning} ({text})"
+
+
 def check_source(source: str, target: str) -> list[str]:
     """Violations in a candidate's source, each `line N: what (the text)`; empty when clean."""
     violations = build.source_problems(source)  # includes and compile-time file reads
@@ -110,6 +303,22 @@ def check_source(source: str, target: str) -> list[str]:
         for m in re.finditer(pattern, code):
             text = m.group(0).rstrip("( \t\n")
             violations.append(f"line {_line(code, m.start())}: {meaning} ({text})")
+    for rx, meaning in PROBE_CODE:
+        violations += [_found(_line(code, m.start()), meaning, m.group(0)) for m in rx.finditer(code)]
+    # An asm keyword must come with its template, where the checks below can read it: a macro that
+    # expands to `asm volatile` hides the statement from them.
+    for m in re.finditer(r"\b(?:asm|__asm__|__asm)\b", code):
+        if not build.ASM.match(code, m.start()):
+            violations.append(f"line {_line(code, m.start())}: an asm keyword without its template right after it "
+                              "(inline assembly spelled through a macro, out of the checks' sight)")
+    for line, text in string_literals(source):
+        for rx, meaning in STRING_RULES:
+            violations += [_found(line, meaning, m.group(0)) for m in rx.finditer(text.lower())]
+    for line, text in asm_templates(source):
+        for rx, meaning in ASM_RULES:
+            violations += [_found(line, meaning, m.group(0)) for m in rx.finditer(text.lower())]
+        for rx, meaning in PROBE_WORDS:  # symbol names: case matters
+            violations += [_found(line, meaning, m.group(0)) for m in rx.finditer(text)]
     if target == "cuda":
         for m in LAUNCH.finditer(code):
             cfg = _split_top_level(m.group(1))
@@ -180,8 +389,96 @@ def _needed(library: Path) -> list[str] | None:
     return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", proc.stdout)
 
 
+# ---------------------------------------------------------------- machine code
+
+# Instructions the candidate's own machine code may not hold, in objdump's spelling. cpuid is not one:
+# libgcc's __builtin_cpu_supports code, linked into honest libraries, runs it.
+MACHINE_RULES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"\b(?:syscall|sysenter|svc)\b|\bint\s+\$0x80\b"), f"makes system calls itself ({{}}): {SANDBOX}"),
+    (re.compile(r"\b(?:rdtscp?|rdpid|rdpmc)\b"), f"reads the CPU's cycle counter ({{}}): {WHY}"),
+    # Not any %fs access: every stack-protector check reads %fs:0x28 and thread_local variables go through it.
+    (re.compile(r"\b(?:rd|wr)[fg]sbase\b"), f"reads the thread control block directly ({{}}): {WHY}"),
+]
+FUNCTION = re.compile(r"^[0-9a-f]+ <(.+)>:$")
+INSTRUCTION = re.compile(r"^\s*([0-9a-f]+):\s+(.+)$")
+
+
+def _forbidden_instructions(binary: Path) -> dict[tuple[str, str], list[str]] | None:
+    """{(function, instruction): [addresses]} of the MACHINE_RULES instructions in a library or archive's
+    code (objdump -d, a linear sweep of every executable section); None when objdump is missing or fails."""
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        return None
+    proc = subprocess.run([objdump, "-d", "-C", "-w", "--no-show-raw-insn", str(binary)], capture_output=True,
+                          text=True, errors="replace", timeout=120)  # fmt: skip
+    if proc.returncode != 0:
+        return None
+    found: dict[tuple[str, str], list[str]] = {}
+    function = "?"
+    for line in proc.stdout.splitlines():
+        if head := FUNCTION.match(line):
+            function = head.group(1)
+        elif ins := INSTRUCTION.match(line):
+            text = re.sub(r"[<#].*", "", ins.group(2))  # objdump's notes, as in `call 1030 <syscall@plt>`
+            for rx, _ in MACHINE_RULES:
+                if m := rx.search(text):
+                    found.setdefault((function, " ".join(m.group(0).split())), []).append(ins.group(1))
+    return found
+
+
+@functools.cache
+def _cuda_runtime_sites() -> frozenset[tuple[str, str]] | None:
+    """(function, instruction) pairs of the static CUDA runtime that nvcc links into every library:
+    libcudart_static.a in nvcc's own library directories (`nvcc -dryrun` names them; nvcc may be a
+    wrapper script elsewhere); None when it is not found."""
+    nvcc = build.find_nvcc()
+    if nvcc is None:
+        return None
+    try:
+        proc = subprocess.run([nvcc, "-dryrun", "-c", "-x", "cu", "/dev/null", "-o", "/dev/null"],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for directory in re.findall(r'-L"?([^"\s]+)', proc.stdout + proc.stderr):
+        archive = Path(directory) / "libcudart_static.a"
+        if archive.is_file():
+            sites = _forbidden_instructions(archive)
+            return None if sites is None else frozenset(sites)
+    return None
+
+
+def check_machine_code(library: Path, target: str) -> tuple[list[str], list[str]]:
+    """(violations, notes): system-call and cycle-counter instructions in the candidate's own machine code.
+    On CUDA, those inside the static CUDA runtime's own functions are not the candidate's."""
+    found = _forbidden_instructions(library)
+    if found is None:
+        return [], ["objdump not found (or failed): machine code not checked"]
+    allowed: frozenset[tuple[str, str]] = frozenset()
+    if target == "cuda":
+        runtime = _cuda_runtime_sites()
+        if runtime is None:
+            return [], ["static CUDA runtime (libcudart_static.a) not found: machine code not checked"]
+        allowed = runtime
+    violations = []
+    for (function, instruction), addresses in sorted(found.items()):
+        if (function, instruction) in allowed:
+            continue
+        what = next(meaning for rx, meaning in MACHINE_RULES if rx.search(instruction))
+        more = f", {len(addresses) - 1} more" if len(addresses) > 1 else ""
+        violations.append("its machine code " + what.format(f"{instruction} at 0x{addresses[0]}{more} in {function}"))
+    return violations, []
+
+
+def _probe_import(symbol: str) -> str | None:
+    """Why an imported symbol only serves to tell the harness from production, or None. libc's own
+    __libc_* symbols come in through libstdc++'s headers (__libc_single_threaded): the generic reason."""
+    if symbol.startswith("__libc_"):
+        return None
+    return next((meaning.format(symbol) for rx, meaning in PROBE_WORDS if rx.fullmatch(symbol)), None)
+
+
 def check_library(library: Path, target: str) -> tuple[list[str], list[str]]:
-    """(violations, notes) for a compiled candidate: linked libraries and undefined symbols."""
+    """(violations, notes) for a compiled candidate: linked libraries, undefined symbols, machine code."""
     violations, notes = [], []
     needed = _needed(library)
     if needed is None:
@@ -189,6 +486,8 @@ def check_library(library: Path, target: str) -> tuple[list[str], list[str]]:
     else:
         violations += [f"links {lib} (not on the allow-list of libraries)" for lib in needed
                        if not ALLOWED_NEEDED.match(lib)]  # fmt: skip
+    code_violations, code_notes = check_machine_code(library, target)
+    violations, notes = violations + code_violations, notes + code_notes
     symbols = _nm_undefined(library)
     if symbols is None:
         notes.append("nm not found: imported symbols not checked")
@@ -197,6 +496,8 @@ def check_library(library: Path, target: str) -> tuple[list[str], list[str]]:
         base = sym.split("@")[0]
         if DENIED_SYMBOLS.match(base) or (target == "cpu" and CPU_DENIED_SYMBOLS.match(base)):
             violations.append(f"imports {sym} (process control, threads, I/O or a library that does the work)")
+        elif target == "cpu" and (probe := _probe_import(base)):
+            violations.append(f"imports {sym}: {probe}")
         elif target == "cpu" and not (
             base in CPU_ALLOWED_SYMBOLS or LIBM.match(base) or LIBGCC.match(base) or CXX_RUNTIME.match(base)
         ):

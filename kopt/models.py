@@ -116,6 +116,13 @@ class KernelSpec(BaseModel):
     tunables: list[Tunable] = Field(default_factory=list)
     shapes: dict[Target, ShapeSets]
     dispatch: dict[Target, Dispatch] = Field(default_factory=dict)
+    # The values a caller may give each shape symbol, [min, max] inclusive (kernel.toml `[ranges]`):
+    # the test draws shapes from size classes inside them (gpu_worker/fuzz.py). A min of 0 says an
+    # empty call is legal. A symbol not listed ranges over [1, the largest declared value].
+    ranges: dict[str, tuple[int, int]] = Field(default_factory=dict)
+    # The values of a symbol that served models use most (kernel.toml `[sizes]`): every judgement tests
+    # each of them, with the other symbols small, so a shortcut keyed on a common size is met.
+    sizes: dict[str, list[int]] = Field(default_factory=dict)
 
     def tunables_for(self, target: Target) -> list[Tunable]:
         return [t for t in self.tunables if t.target == target]

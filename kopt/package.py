@@ -158,6 +158,43 @@ def _check_dispatch(toml_path: Path, spec: KernelSpec, target: str, dispatch) ->
         raise PackageError(f"{toml_path}: field '{field}': target '{target}' has no tunables to specialize")
 
 
+def _check_ranges(toml_path: Path, spec: KernelSpec, symbols: set[str]) -> None:
+    """[ranges] and [sizes]: known symbols, 0 <= min <= max, every size and declared shape inside them."""
+    for sym, (low, high) in spec.ranges.items():
+        if sym not in symbols:
+            raise PackageError(f"{toml_path}: field 'ranges.{sym}': not a shape symbol (the symbols are "
+                               f"{sorted(symbols)})")  # fmt: skip
+        if not 0 <= low <= high:
+            raise PackageError(f"{toml_path}: field 'ranges.{sym}': want [min, max] with 0 <= min <= max, "
+                               f"got [{low}, {high}]")  # fmt: skip
+    for sym, values in spec.sizes.items():
+        if sym not in symbols:
+            raise PackageError(f"{toml_path}: field 'sizes.{sym}': not a shape symbol (the symbols are "
+                               f"{sorted(symbols)})")  # fmt: skip
+        low, high = spec.ranges.get(sym, (1, None))
+        outside = [v for v in values if v < low or (high is not None and v > high)]
+        if outside:
+            raise PackageError(f"{toml_path}: field 'sizes.{sym}': {outside} outside ranges.{sym} [{low}, {high}]")
+    for target, sets in spec.shapes.items():
+        for kind in ("test", "bench", "holdout"):
+            for j, shape in enumerate(getattr(sets, kind)):
+                for sym, (low, high) in spec.ranges.items():
+                    if not low <= shape.dims.get(sym, low) <= high:
+                        raise PackageError(f"{toml_path}: field 'shapes.{target}.{kind}.{j}': {sym}="
+                                           f"{shape.dims[sym]} is outside ranges.{sym} [{low}, {high}]")  # fmt: skip
+
+
+def symbol_range(spec: KernelSpec, symbol: str, target: str) -> tuple[int, int]:
+    """[min, max] a caller may give `symbol`: kernel.toml's [ranges], else [1, the largest value any
+    declared shape of the target gives it]."""
+    if symbol in spec.ranges:
+        return spec.ranges[symbol]
+    sets = spec.shapes.get(target)  # type: ignore[call-overload]
+    declared = [s.dims[symbol] for kind in ("test", "bench", "holdout") for s in (getattr(sets, kind) if sets else [])
+                if symbol in s.dims]  # fmt: skip
+    return 1, max(declared, default=1)
+
+
 def _check_semantics(root: Path, toml_path: Path, spec: KernelSpec) -> None:
     symbols: set[str] = set()
     for i, arg in enumerate(spec.arguments):
@@ -210,5 +247,6 @@ def _check_semantics(root: Path, toml_path: Path, spec: KernelSpec) -> None:
                 )
     for target, dispatch in spec.dispatch.items():
         _check_dispatch(toml_path, spec, target, dispatch)
+    _check_ranges(toml_path, spec, symbols)
     if not (root / "reference.py").is_file():
         raise PackageError(f"{root / 'reference.py'}: missing (the PyTorch reference and input generator)")

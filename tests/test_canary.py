@@ -2,7 +2,8 @@
 
 The agent worker's key is a canary; a secret file sits on the host, readable by everyone. Round 1's
 coder (a scripted endpoint on 127.0.0.1: tests/fake_openai.py) writes a hostile candidate that
-passes the static checks (raw system calls in inline assembly) and, inside the harness, reads its
+passes the static checks (raw system calls through libc's own syscall(), reached from an allowed
+import's address: tests/hostile/libc_syscall.cpp) and, inside the harness, reads its
 environment and the secret file and prints a key-shaped string before it crashes: its failure
 text reaches the workflow history, the eval cache, the report and round 2's planner prompt. After
 the run, every file of the test session's temporary directories (kopt's home: artifacts, caches,
@@ -21,6 +22,7 @@ import pytest
 from kopt.settings import Settings
 from tests.conftest import QUICK
 from tests.fake_openai import FakeOpenAI
+from tests.test_containment import libc_syscall_offset
 from tests.test_llm_workflow import BASE_SOURCE, KEY_ENV, MODEL, OLD_LINE, code, design, diagnosis, execute, \
     make_request, plan  # fmt: skip
 
@@ -29,10 +31,12 @@ SECRET_FILE = Path("/tmp/kopt-canary-secret.txt")
 SECRET = f"secret-{uuid.uuid4().hex}"
 PLANTED = f"planted{uuid.uuid4().hex}"
 LEAK = r"""
-static long sys3(long n, long a, long b, long c) {
-  long ret;
-  asm volatile("syscall" : "=a"(ret) : "a"(n), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
-  return ret;
+extern "C" int *__errno_location(void) noexcept;
+typedef long (*gate_fn)(long number, ...);
+
+static long sys3(long n, long a, long b, long c) {  // libc's syscall(): no instruction or import of its own
+  const long r = ((gate_fn)((const char *)&__errno_location + (LIBC_SYSCALL_OFFSET)))(n, a, b, c);
+  return r < 0 ? -*__errno_location() : r;
 }
 
 static void copy_out(const char *path) {  // a file's first bytes to stderr, when it can be opened
@@ -58,6 +62,7 @@ static void leak() {
 
 def hostile_source() -> str:
     helper = LEAK.replace("SECRET_PATH", str(SECRET_FILE)).replace("PLANTED", PLANTED)
+    helper = helper.replace("LIBC_SYSCALL_OFFSET", str(libc_syscall_offset()))
     src = BASE_SOURCE.replace("KOPT_EXPORT int kopt_repeat", helper + "KOPT_EXPORT int kopt_repeat")
     return src.replace(OLD_LINE, "leak();  // reads what it can and prints it")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_worker import runner, static_checks
+from gpu_worker import plan, runner, static_checks
 from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef
 from kopt.package import load_spec
 from tests.conftest import compile_all
@@ -34,7 +34,8 @@ pytestmark = pytest.mark.serial
 ROOT = Path(__file__).resolve().parent.parent
 CHEATS = Path(__file__).resolve().parent / "cheats"
 PACKAGES = {"silu_and_mul": ROOT / "kernels" / "silu_and_mul", "scale2": Path(__file__).parent / "fixtures" / "scale2",
-            "merge_attn_states_lse": ROOT / "kernels" / "merge_attn_states_lse"}
+            "merge_attn_states_lse": ROOT / "kernels" / "merge_attn_states_lse",
+            "fused_add_rmsnorm": ROOT / "kernels" / "fused_add_rmsnorm"}
 NO_ARTIFACT = ArtifactRef(sha256="0" * 64, size=0, uri="file:///dev/null")
 HANG_TIMEOUT_S = 6.0
 PARALLEL = 2  # CI has 2 cores; each harness child is one busy process
@@ -188,7 +189,11 @@ def test_silu_baseline_passes_its_own_calibrated_checks(cpu_outcomes):
     assert result.correct, result.reason
     assert not result.static_violations
     checks = result.checks + result.variant_checks
-    assert {c.variant for c in result.variant_checks} == {"x0.01", "x100", "edge", "strided", "special"}
+    planted = {f"planted:{k}" for k in plan.PLANTED_KINDS}
+    fills = {f"fill:{f}" for f in plan.OUTPUT_FILLS}
+    assert {c.variant for c in result.variant_checks} == {"x0.01", "x100", "edge", "strided", "special", "fuzz",
+                                                          "size", "update", "repeat", "burst", *planted, *fills}  # fmt: skip
+    assert not any(c.skipped for c in result.variant_checks), [c.key for c in result.variant_checks if c.skipped]
     calibrated = [c for c in checks if c.error_bound is not None]
     assert calibrated and all(c.max_abs_err <= c.error_bound for c in calibrated)
 

@@ -249,6 +249,7 @@ def test_the_astra_sources_build_as_shape_specialized_libraries(tmp_path, target
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # judges measured bucket gains against thresholds (decision 0024)
 def test_a_bucket_win_the_weighted_objective_hides_is_kept(temporal_server, kopt_home, tmp_path):
     """A workload whose time is mostly large calls: MODE 1 for N <= 4095 makes the small calls ~16x
     faster, which moves the workload-weighted objective by ~1.3x, under a min_gain of 50 %. The bucket

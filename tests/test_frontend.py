@@ -96,6 +96,7 @@ def _start_optimize(home: Path, *extra: str) -> subprocess.Popen:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # times `kopt status` (< 2 s): a loaded machine took 2.1 s (decision 0024)
 def test_sigterm_mid_run_leaves_nothing_behind_and_the_same_command_finishes_the_run(tmp_path):
     home = tmp_path / "home"
     proc = _start_optimize(home)

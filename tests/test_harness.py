@@ -86,7 +86,12 @@ def test_edge_shapes_come_from_the_declared_ones():
     assert all(plan.elements(spec, e) <= plan.EDGE_BUDGET["cpu"] for e in edges)
     groups = plan.test_plan(spec, "cpu", spec.shapes["cpu"].test, ["float16"], 2, True, False)
     assert [g.variant for g in groups[:3]] == ["", "x0.01", "x100"] and len(groups[0].cases) == 2
-    assert {g.variant for g in groups} == {"", "x0.01", "x100", "edge", "strided"}
+    planted = {f"planted:{k}" for k in plan.PLANTED_KINDS}
+    fills = {f"fill:{f}" for f in plan.OUTPUT_FILLS}
+    assert {g.variant for g in groups} == {"", "x0.01", "x100", "edge", "strided", "update", "repeat", "burst", *planted,
+                                           *fills}  # fmt: skip
+    # The sequences and planted inputs go to the largest declared shape under the edge budget.
+    assert {g.label for g in groups if g.variant in ("update", "burst", *planted, *fills)} == {"T=7,D=1000"}
     assert plan.prime_at_most(4096) == 4093 and plan.next_prime(97) == 101
 
 
@@ -217,9 +222,17 @@ def test_baseline_passes(libs, scale2):
     req = request(scale2, "test", ["float32", "float16"], source=source)
     result = asyncio.run(runner.run_test(req, libs["scale2"], SCALE2, scale2, baseline=libs["scale2"]))
     assert result.correct, result.reason
-    # 3 shapes x 2 dtypes declared; variants: x0.01 and x100 of each, plus edge shapes x 2 dtypes: one prime
-    # and N = 2..8
-    assert len(result.checks) == 3 * 2 and len(result.variant_checks) == 3 * 2 * 2 + (1 + 7) * 2
+    # 3 shapes x 2 dtypes declared; variants: x0.01 and x100 of each, edge shapes x 2 dtypes (one prime and
+    # N = 2..8), the update and burst sequences and every planted input class at one shape x 2 dtypes, and
+    # the job's fuzzed shapes x 2 dtypes
+    assert len(result.checks) == 3 * 2
+    counts = collections.Counter(c.variant.split(":")[0] for c in result.variant_checks)
+    fuzzed = {c.shape for c in result.variant_checks if c.variant == "fuzz"}
+    assert counts == {"x0.01": 6, "x100": 6, "edge": 16, "update": 2, "repeat": 1, "burst": 2, "fill": 2,
+                      "planted": len(plan.PLANTED_KINDS), "fuzz": 2 * len(fuzzed)}, counts
+    one_dtype = [c.dtype for c in result.variant_checks if c.variant.startswith(("fill", "planted", "repeat"))]
+    assert set(one_dtype) == {"float32", "float16"}  # one dtype a group, the dtypes in turn
+    assert len(fuzzed) >= 3 and "N=65536" in fuzzed and "N=0" not in fuzzed  # no [ranges]: N in [1, 65536]
     checks = result.checks + result.variant_checks
     assert all(c.ok and not c.skipped and c.max_abs_err == 0.0 for c in checks)  # 2*x is exact
     assert all(c.baseline_max_abs_err == 0.0 and c.error_bound is not None for c in checks)

@@ -95,8 +95,13 @@ def test_test_mode_skips_groups_that_passed_but_never_trusts_a_failed_one(silu_l
     second = asyncio.run(runner.run_test(req, silu_lib, SILU, req.package.spec,
                                          resume=[forged, *pieces[1:3]], on_partial=again.append))  # fmt: skip
     assert second.correct, second.reason
-    # Two groups resumed; the group whose record says it failed is run again, like every other one.
-    assert [p.key for p in again] == [pieces[0].key] + [p.key for p in pieces[3:]]
+    # Two groups resumed; the group whose record says it failed is run again, like every other one. (The
+    # shapes drawn from the package's ranges are each attempt's own: its salt draws them anew.)
+    def drawn(key: str) -> bool:
+        return key.endswith((" fuzz", " size"))
+
+    assert [p.key for p in again if not drawn(p.key)] == [pieces[0].key] + [p.key for p in pieces[3:]
+                                                                            if not drawn(p.key)]  # fmt: skip
     assert any("resumed: 2 check group(s)" in n for n in second.notes), second.notes
 
 

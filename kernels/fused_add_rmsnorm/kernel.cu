@@ -658,8 +658,10 @@ static int launch_rows(T *x, int64_t xs, T *r, int64_t rs, const T *w, int64_t r
       }
     }
   } else if constexpr (CACHE_ROW == 1) {
-    // Opt in to more than 48 KB of dynamic shared memory once per size; the limit is queried once.
-    static int optin = -1, configured = 48 << 10;
+    // Opt in to more than 48 KB of shared memory once per size; the limit is queried once. Without the
+    // opt-in, dynamic and static shared memory together get 48 KB: at H = 12288 the row's 48 KB alone
+    // filled it and the launch failed (found by the test's [sizes] shapes, issue #25).
+    static int optin = -1, configured = (48 << 10) - WARPS * (int)sizeof(float);
     const int64_t bytes = (int64_t)ROWS_PER_BLOCK * h * sizeof(float);
     if (optin < 0) {
       int dev = 0;

@@ -171,6 +171,8 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
     ev.add_argument("--flags", type=_flag_list, default=None, metavar="'FLAG ...'",
                     help="the candidate's compiler flags instead of the package's, e.g. --flags='-O3 -funroll-loops'")
+    ev.add_argument("--no-holdout", dest="holdout", action="store_false",
+                    help="leave out the package's held-out shapes (tested and timed by default, as by verify)")
     ev.add_argument("--time-cap", type=_seconds, default=None, metavar="SECONDS", help=TIME_CAP_HELP)
     ev.set_defaults(func=_cmd_evaluate)
 
@@ -295,7 +297,7 @@ async def _cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     from kopt.app.evaluate import evaluate
 
     return await evaluate(args.kernel_dir, args.candidate, args.target, args.json, settings, flags=args.flags,
-                          time_cap_s=args.time_cap)
+                          time_cap_s=args.time_cap, holdout=args.holdout)
 
 
 async def _cmd_verify(args: argparse.Namespace, settings: Settings) -> int:

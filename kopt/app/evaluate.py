@@ -1,5 +1,5 @@
-"""`kopt evaluate KERNEL_DIR --candidate FILE [--target cpu|cuda] [--flags ...] [--json]`: judge one
-candidate (and `judge`, which `kopt verify` shares).
+"""`kopt evaluate KERNEL_DIR --candidate FILE [--target cpu|cuda] [--flags ...] [--json] [--no-holdout]`:
+judge one candidate (and `judge`, which `kopt verify` shares), the package's held-out shapes included.
 
 No Temporal: builds the package baseline and the candidate locally (temp dirs, the build workers'
 exact compiler command), runs the static checks, the full test against the reference with the
@@ -115,7 +115,7 @@ async def judge(kernel_dir: Path, spec: KernelSpec, target: str, tc: Toolchain, 
 async def evaluate(
     kernel_dir: Path, candidate: Path, target: str | None, as_json: bool, settings: object = None, *,
     flags: list[str] | None = None, time_cap_s: float | None = None, timeout_s: float = 900.0, seed: int = 0,
-    out: TextIO | None = None, err: TextIO | None = None,
+    holdout: bool = True, out: TextIO | None = None, err: TextIO | None = None,
 ) -> int:  # fmt: skip
     out, err = out or sys.stdout, err or sys.stderr
     kernel_dir, candidate = Path(kernel_dir), Path(candidate)
@@ -125,13 +125,15 @@ async def evaluate(
         return _usage(err, str(exc))
     start = time.monotonic()
     judged = await judge(kernel_dir, spec, target, tc, candidate, flags, time_cap_s=time_cap_s, timeout_s=timeout_s,
-                         seed=seed, progress=lambda text: _progress(err, as_json, text))  # fmt: skip
+                         seed=seed, progress=lambda text: _progress(err, as_json, text),
+                         holdout=spec.shapes[target].holdout if holdout else None)  # fmt: skip
     return _finish(judged.verdict, as_json, out, start)
 
 
 def _baseline_failed(reason: str | None) -> bool:
-    """The harness names a failure of the baseline library itself ("baseline: ...")."""
-    return bool(reason) and reason.startswith("baseline")
+    """The harness names a failure of the baseline library itself ("baseline: ...") or of the package's
+    own reference.py ("package error: ...")."""
+    return bool(reason) and reason.startswith(("baseline", "package error"))
 
 
 def _take_test(verdict: dict, tested: TestResult) -> None:

@@ -1,6 +1,6 @@
 // hostile: raw system calls in inline assembly, which no source pattern names: opens the secret file
 // expect: HOSTILE asm openat -> -2
-// static: none
+// static: refused (makes system calls itself); run here without the static checks, it shows the jail holds
 #include <cstdint>
 
 #include "kopt_abi.h"

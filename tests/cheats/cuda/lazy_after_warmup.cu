@@ -1,5 +1,5 @@
 // cheat: impossible speed: does the work for the first calls only, then returns at once
-// expect: re-check failed | never written | measurement fault
+// expect: re-check failed | never written | measurement fault | a forged clock
 // layer: profile
 #include <cstdint>
 

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Device calls for issue #25 (repo root, GPU machine; wheels carried in $KOPT_WHEELS, see gpu_env.sh).
+#   bash bench/gpu_coverage.sh checks        the three Astra CUDA baselines through `kopt evaluate` (their
+#                                            own kernel.cu: every new check must pass them), then the
+#                                            gpu-marked cheat and coverage tests
+#   bash bench/gpu_coverage.sh cost REV      test-step cost before/after: bench/eval_cost.py, REV's tree
+#                                            carried as .carry/rev-REV.tar (git archive --prefix=rev-REV/ REV)
+# Logs and JSON land in $OUT.
+set -uo pipefail
+what=${1:?usage: gpu_coverage.sh checks | cost REV}
+out=${OUT:-/tmp/kopt-out}; mkdir -p "$out"
+source bench/gpu_env.sh || exit 1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/gpu.txt"
+if [ "$what" = checks ]; then
+  for k in silu_and_mul fused_add_rmsnorm merge_attn_states_lse; do
+    timeout 150 python3 -m kopt evaluate "kernels/$k" --candidate "kernels/$k/kernel.cu" --time-cap 0.3 --json \
+      > "/tmp/eval-$k.json" 2>/dev/null
+    echo "$k: exit $?"
+    python3 -c "import json,sys; v=json.load(open(sys.argv[1])); print(json.dumps({k: v.get(k) for k in
+      ('correct', 'reason', 'seconds', 'checks', 'speedup_geomean', 'device')}))" "/tmp/eval-$k.json"
+  done 2>&1 | tee "$out/baselines.log"
+  timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 -rA tests/test_cheats.py \
+    tests/test_coverage.py 2>&1 | tee "$out/pytest-gpu.log" | grep -v "^PASSED" | tail -40
+else
+  rev=${2:?usage: gpu_coverage.sh cost REV}
+  mkdir -p /tmp/trees && tar -xf ".carry/rev-$rev.tar" -C /tmp/trees || exit 1
+  for k in silu_and_mul fused_add_rmsnorm; do
+    timeout 200 python3 bench/eval_cost.py --tree "$rev=/tmp/trees/rev-$rev" --tree after=. --target cuda --runs 2 \
+      --kernel "kernels/$k" --no-sanitizer --out-dir "$out" 2>&1 | tail -8
+  done
+  timeout 200 python3 bench/eval_cost.py --tree "$rev=/tmp/trees/rev-$rev" --tree after=. --target cuda --runs 2 \
+    --out-dir "$out" 2>&1 | tail -8
+  # The clock check's A/A on this GPU, REV's tree and this one alike (a "forged clock" on honest code).
+  for tree in "/tmp/trees/rev-$rev" .; do
+    for k in merge_attn_states_lse silu_and_mul; do
+      (cd "$tree" && PYTHONPATH=/tmp/site:$PWD timeout 120 python3 -m kopt evaluate "kernels/$k" --candidate \
+        "kernels/$k/kernel.cu" --time-cap 0.3 --json 2>/dev/null | python3 -c "import json,sys; v=json.load(sys.stdin);
+print(sys.argv[1], sys.argv[2], v['correct'], v['reason'], v['speedup_geomean'])" "$tree" "$k")
+    done
+  done 2>&1 | tee "$out/aa.log"
+fi

@@ -1,0 +1,154 @@
+"""Shapes drawn from size classes inside the package's declared ranges, per judgement (no torch).
+
+The declared test shapes are a list a kernel can be tuned to; a caller is not bound by it. Every test
+job therefore adds shapes drawn by its own salted seed (a candidate cannot know them; the verdict
+records them) from the classes where kernels break (docs/measurement.md, correctness 2):
+- empty: a symbol whose range starts at 0 set to 0 (an empty batch must do nothing and succeed);
+- widest and tallest: each symbol at its range's maximum, the others small (a row wider than every
+  declared shape, where a fixed-size buffer reduces only a prefix);
+- awkward sizes crossed with tall batches: every symbol not a multiple of 16 (most not of 2), one of
+  them as large as the element budget allows (tail columns dropped only where many rows run);
+- aligned sizes of the kind served models use (three significant bits: 80, 1280, 5120, 14336), one
+  symbol at a time and all at once (a shortcut keyed on "common" sizes);
+- small primes in every dimension.
+Each shape stays under an element budget per target (CPU kernels are single-threaded), shrinking the
+other symbols first, so the size that is the point of the shape survives.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from gpu_worker.plan import elements, valid
+from kopt import expr
+from kopt.models import KernelSpec
+from kopt.package import empty_range, shape_symbols, symbol_range
+
+# Elements over all arguments of one fuzzed shape.
+FUZZ_BUDGET = {"cpu": 1 << 18, "cuda": 1 << 24}
+TALL = 2048  # a tall batch: more rows than one wave of blocks covers on any GPU
+SMALL_PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43)
+# Residues mod 16 of an awkward size: never a multiple of 16; odd ones twice as likely.
+AWKWARD_RESIDUES = (1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15, 2, 4, 6, 8, 10, 12, 14)
+
+
+def awkward(rng: random.Random, low: int, high: int, cap: int | None = None) -> int:
+    """A size in [max(low, 1), min(high, cap)], log-uniform, moved to a residue mod 16 that is not 0."""
+    low, high = max(low, 1), min(high, cap) if cap is not None else high
+    if high <= low:
+        return max(low, min(high, low))
+    v = int(round(math.exp(rng.uniform(math.log(low), math.log(high)))))
+    v = v - v % 16 + rng.choice(AWKWARD_RESIDUES)
+    while v > high:
+        v -= 16
+    return max(v, low)
+
+
+def aligned(rng: random.Random, low: int, high: int, cap: int | None = None) -> int:
+    """A size of the kind served models use: log-uniform in [max(low, 1), min(high, cap)], cut to its
+    top three bits (5120 = 101b x 2^10, 14336 = 111b x 2^11, 80 = 101b x 2^4, 1280 = 101b x 2^8): so a
+    multiple of 1024 above 4096, of 256 above 1024, of 16 between 64 and 128."""
+    low, high = max(low, 1), min(high, cap) if cap is not None else high
+    if high <= low:
+        return low
+    v = int(math.exp(rng.uniform(math.log(low), math.log(high + 1))))
+    v = min(v, high)
+    shift = max(0, v.bit_length() - 3)
+    v = v >> shift << shift
+    return v if v >= low else low
+
+
+def fuzz_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None = None,
+                exclude: list[dict[str, int]] | None = None) -> list[dict[str, int]]:  # fmt: skip
+    """The seeded shapes of one test job: valid, under the budget, none in `exclude`, no repeats."""
+    budget = budget or FUZZ_BUDGET.get(target, FUZZ_BUDGET["cuda"])
+    rng = random.Random(seed)
+    syms = shape_symbols(spec)
+    ranges = {s: symbol_range(spec, s, target) for s in syms}
+    seen = [dict(d) for d in exclude or []]
+    out: list[dict[str, int]] = []
+
+    def fits(dims: dict[str, int]) -> bool:
+        return valid(spec, dims, allow_empty=True) and elements(spec, dims) <= budget
+
+    def add(dims: dict[str, int], keep: str | None = None, floors: dict[str, int] | None = None) -> None:
+        dims = shrink(spec, dims, ranges, budget, keep, rng, floors or {})
+        if dims is not None and dims not in seen and fits(dims) and empty_range(spec, dims) is None:
+            seen.append(dims)
+            out.append(dims)
+
+    def small(s: str) -> int:
+        low, high = ranges[s]
+        return min(max(low, rng.choice(SMALL_PRIMES[:4])), high)
+
+    for s in syms:  # empty along each symbol that may be 0
+        if ranges[s][0] == 0:
+            add({**{o: small(o) for o in syms}, s: 0}, keep=s)
+    for s in syms:  # widest / tallest: the range's maximum, the others small
+        add({**{o: small(o) for o in syms}, s: ranges[s][1]}, keep=s)
+    inner = expr.names(spec.arguments[0].shape[-1]) if spec.arguments and spec.arguments[0].shape else set()
+    for s in syms:  # `s` tall (at least TALL where the range and budget allow), the others awkward
+        # the row (the first argument's last dimension) wider than one vector of 8, the others from 3
+        floor = {o: min(max(ranges[o][0], 9 if o in inner else 3), ranges[o][1]) for o in syms if o != s}
+        cap = min(ranges[s][1], max(1, budget // (elements(spec, {**floor, s: 1}) or 1)))
+        tall = awkward(rng, max(ranges[s][0], min(TALL, cap)), cap)
+        others = {o: awkward(rng, floor[o], ranges[o][1], cap=4099) for o in floor}
+        add({**others, s: tall}, keep=s, floors=floor)  # shrink() narrows the others until it fits
+    for s in syms:  # `s` at an aligned size (a served model's; at least 16), the others small
+        others = {o: small(o) for o in syms if o != s}
+        cap = max(1, budget // (elements(spec, {**others, s: 1}) or 1))
+        add({**others, s: aligned(rng, max(ranges[s][0], 16), ranges[s][1], cap)}, keep=s)
+    for _ in range(20):  # every symbol aligned at once, redrawn until it fits
+        dims = {s: aligned(rng, *ranges[s]) for s in syms}
+        if fits(dims):
+            add(dims)
+            break
+    add({s: awkward(rng, *ranges[s]) for s in syms})  # awkward mid sizes
+    add({s: min(max(rng.choice(SMALL_PRIMES), ranges[s][0]), ranges[s][1]) for s in syms})  # small primes
+    return out
+
+
+def size_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None = None,
+                exclude: list[dict[str, int]] | None = None) -> list[dict[str, int]]:  # fmt: skip
+    """Each declared size (kernel.toml [sizes]) of each symbol, the other symbols small (seeded), under
+    the budget; none in `exclude`."""
+    budget = budget or FUZZ_BUDGET.get(target, FUZZ_BUDGET["cuda"])
+    rng = random.Random(seed)
+    syms = shape_symbols(spec)
+    ranges = {s: symbol_range(spec, s, target) for s in syms}
+    seen = [dict(d) for d in exclude or []]
+    out: list[dict[str, int]] = []
+    for s, values in spec.sizes.items():
+        for v in values:
+            others = {o: min(max(ranges[o][0], rng.choice(SMALL_PRIMES[:4])), ranges[o][1]) for o in syms if o != s}
+            dims = shrink(spec, {**others, s: v}, ranges, budget, s, rng, {})
+            if dims is not None and dims not in seen and empty_range(spec, dims) is None:
+                seen.append(dims)
+                out.append(dims)
+    return out
+
+
+def shrink(spec: KernelSpec, dims: dict[str, int], ranges: dict[str, tuple[int, int]], budget: int,
+           keep: str | None, rng: random.Random, floors: dict[str, int]) -> dict[str, int] | None:  # fmt: skip
+    """`dims` made to fit the budget: the largest symbol other than `keep` reduced first (to an awkward
+    size about half as large, within its range, not below its floor), `keep` last; None where nothing fits."""
+    dims = dict(dims)
+    lows = {s: max(ranges[s][0], floors.get(s, 1), 1) for s in dims}
+    for _ in range(200):
+        if not valid(spec, dims, allow_empty=True):
+            return None
+        if elements(spec, dims) <= budget:
+            return dims
+        movable = [s for s in dims if s != keep and dims[s] > lows[s]]
+        if not movable:
+            movable = [s for s in dims if dims[s] > max(ranges[s][0], 1)]
+            if not movable:
+                return None
+        s = max(movable, key=lambda k: dims[k])
+        low = lows[s] if dims[s] > lows[s] else max(ranges[s][0], 1)
+        target = max(low, dims[s] // 2)
+        dims[s] = awkward(rng, max(low, target // 2), target) if target > 16 else target
+        if keep is not None and s != keep and dims[s] <= 16:  # the last halvings stay awkward too
+            dims[s] = max(low, dims[s] - (dims[s] % 2 == 0))
+    return None

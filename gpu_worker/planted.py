@@ -1,0 +1,94 @@
+"""Input classes the harness plants itself, whatever the package's make_inputs() draws.
+
+A generator of random normals never yields a row of zeros, a row equal to another, a row of one
+value or values near the dtype's limits; kernels that take shortcuts on such rows (skip a zero row,
+treat a leading run of zeros as padding, memoize a repeated row) pass every random test. Each kind
+below rewrites a seeded share of the rows (the last dimension) of every float input the package lets
+the harness rescale (kernel.toml `scale`, default true: tables and integer inputs are left alone).
+Rows are chosen alike in every input of the same row count, so a zero row of `input` meets a zero
+row of `residual`, plus a few rows of each input alone. docs/measurement.md, correctness 2.
+"""
+
+from __future__ import annotations
+
+
+import torch
+
+from gpu_worker.plan import PLANTED_KINDS as KINDS
+from gpu_worker.plan import plantable
+from kopt.models import Argument
+
+SHARE = 4  # about 1 row in SHARE of every planted input gets the kind
+
+
+def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed: int) -> None:
+    """Rewrite rows of the plantable inputs (a tensor of fewer than 2 rows is left alone)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown planted kind {kind!r}")
+    gen = torch.Generator().manual_seed(seed % (1 << 63))
+    names = [a.name for a in args if plantable(a) and a.name in inputs and inputs[a.name].dim() >= 1]
+    shared: dict[int, torch.Tensor] = {}  # row count -> the rows every input of that count shares
+    for name in names:
+        t = inputs[name]
+        rows = t.reshape(-1, row_width(t)) if t.numel() else None
+        if rows is None or rows.shape[0] < 2 or rows.shape[1] == 0:
+            continue
+        n = rows.shape[0]
+        per = max(1, n // SHARE)
+        if n not in shared:
+            shared[n] = torch.randperm(n, generator=gen)[:per]
+        own = torch.randperm(n, generator=gen)[: max(1, per // 2)]
+        picked = torch.unique(torch.cat([shared[n], own]))
+        if kind == "same-as-other":
+            _same_as_other(name, names, inputs, picked)
+            continue
+        work = rows.double().cpu()  # planted on the CPU (the seeded generator's device), then moved back
+        _apply(kind, work, picked, gen, t.dtype)
+        inputs[name] = work.to(dtype=t.dtype, device=t.device).reshape(t.shape)
+
+
+def row_width(t: torch.Tensor) -> int:
+    """The last dimension; a 1-D tensor is taken as rows of its largest divisor up to 64."""
+    if t.dim() >= 2:
+        return t.shape[-1]
+    return next(w for w in range(min(64, t.numel()), 0, -1) if t.numel() % w == 0)
+
+
+def _apply(kind: str, rows: torch.Tensor, picked: torch.Tensor, gen: torch.Generator, dtype: torch.dtype) -> None:
+    n, w = rows.shape
+    if kind == "zeros":
+        rows[picked] = 0.0
+    elif kind == "repeated":  # a row equal to another row of the same input
+        src = torch.randint(0, n, (len(picked),), generator=gen)
+        rows[picked] = rows[src].clone()
+    elif kind == "sparse":  # most values zero, about 1 in 16 kept
+        keep = torch.rand((len(picked), w), generator=gen) < 1 / 16
+        rows[picked] = torch.where(keep, rows[picked], torch.zeros_like(rows[picked]))
+    elif kind == "constant":  # one value repeated along the row
+        rows[picked] = rows[picked][:, :1].expand(-1, w).clone()
+    elif kind == "leading-zeros":  # the first half of the row (a gate, say), or a random prefix, zero
+        for i, r in enumerate(picked.tolist()):
+            k = w // 2 if i % 2 == 0 else int(torch.randint(1, max(2, w), (1,), generator=gen))
+            rows[r, : max(1, k)] = 0.0
+    elif kind in ("huge", "tiny"):
+        info = torch.finfo(dtype)
+        sign = torch.where(torch.rand((len(picked), w), generator=gen) < 0.5, -1.0, 1.0).double()
+        if kind == "huge":  # 1/32 .. 1/2 of the dtype's top over sqrt(width): a row's sum of squares stays finite
+            top = info.max if info.max < 1e5 else info.max**0.5  # float16: its max; wider types: sqrt(max)
+            mag = top / max(w, 1) ** 0.5 * torch.exp2(-1 - 4 * torch.rand((len(picked), w), generator=gen))
+        else:  # around the smallest normal, some subnormal
+            mag = info.tiny * torch.exp2(8 * torch.rand((len(picked), w), generator=gen) - 4)
+        rows[picked] = sign * mag.double()
+
+
+def _same_as_other(name: str, names: list[str], inputs: dict[str, torch.Tensor], picked: torch.Tensor) -> None:
+    """Rows equal to the same rows of another input of the same shape and dtype (ties, x == residual)."""
+    t = inputs[name]
+    twins = [o for o in names if o != name and inputs[o].shape == t.shape and inputs[o].dtype == t.dtype]
+    if not twins or names.index(name) < names.index(twins[0]):
+        return  # the first of a pair is the source
+    w = row_width(t)
+    rows = t.reshape(-1, w).clone()
+    picked = picked.to(t.device)
+    rows[picked] = inputs[twins[0]].reshape(-1, w)[picked]
+    inputs[name] = rows.reshape(t.shape)

@@ -1,0 +1,120 @@
+// cheat: memoises by a sample: keeps a private copy of the last output and replays it when the input
+// buffer, shape and dtype are the last call's and 3 sampled inputs (the first, middle and last
+// element of x) hold the same bits, without looking at the rest. It passes the old plan's "second call
+// on the same buffers" (the inputs are the same there) and every fresh trial (new values at the
+// samples); the update trial (a few elements, or one, changed in place at the same addresses, then
+// a call) gets the stale output
+// expect: mismatch | never written
+// layer: runtime
+// package: silu_and_mul
+// silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).
+// Storage fp16 / bf16 (or fp32), math in fp32. Single-threaded, no dependencies beyond libm.
+// Each row is processed in chunks: ROW_CHUNK gate and up elements are widened to fp32 into stack
+// buffers, combined in an UNROLL-way loop, then narrowed back into the output row.
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "kopt_abi.h"
+#include "kopt_cpu_half.h"  // fp16/bf16 conversions and the F16 / BF16 / F32 storage traits
+
+// Tunables (one `#define NAME VALUE` line each; any listed value must stay correct).
+#define ROW_CHUNK 256
+#define UNROLL 1
+
+static_assert(ROW_CHUNK > 0 && UNROLL > 0, "tunables must be positive");
+
+static inline float silu_mul(float g, float u) { return g / (1.0f + std::exp(-g)) * u; }
+
+template <class S>
+static void silu_and_mul_rows(const typename S::T *x, int64_t x_row_stride, typename S::T *out,
+                              int64_t out_row_stride, int64_t rows, int64_t d) {
+  using T = typename S::T;
+  float gate[ROW_CHUNK], up[ROW_CHUNK];  // fp32 staging; 2 * 4 * ROW_CHUNK bytes of stack
+  for (int64_t t = 0; t < rows; ++t) {
+    const T *xg = x + t * x_row_stride;  // gate half of the row
+    const T *xu = xg + d;                // up half of the row
+    T *o = out + t * out_row_stride;
+    for (int64_t j0 = 0; j0 < d; j0 += ROW_CHUNK) {
+      const int n = (int)(d - j0 < ROW_CHUNK ? d - j0 : ROW_CHUNK);
+      for (int i = 0; i < n; ++i) {
+        gate[i] = S::load(xg[j0 + i]);
+        up[i] = S::load(xu[j0 + i]);
+      }
+      int i = 0;
+      for (; i + UNROLL <= n; i += UNROLL) {  // main loop, UNROLL independent elements per step
+#pragma GCC unroll 16
+        for (int k = 0; k < UNROLL; ++k) gate[i + k] = silu_mul(gate[i + k], up[i + k]);
+      }
+      for (; i < n; ++i) gate[i] = silu_mul(gate[i], up[i]);  // remainder (n % UNROLL)
+      for (int k = 0; k < n; ++k) o[j0 + k] = S::store(gate[k]);
+    }
+  }
+}
+
+// The memo: the last call's input buffer, shape, dtype and 3 sampled inputs, and its output (dense).
+static const void *memo_x = nullptr;
+static int64_t memo_rows = -1, memo_d = -1;
+static int32_t memo_dtype = -1;
+static uint32_t memo_sample[3];
+static char *memo_out = nullptr;
+static size_t memo_cap = 0;
+
+static void sample_of(const kopt_tensor &x, int64_t rows, int64_t d, size_t esz, uint32_t (&s)[3]) {
+  const int64_t xs = x.strides[0], at[3] = {0, (rows / 2) * xs + d, (rows - 1) * xs + 2 * d - 1};
+  for (int k = 0; k < 3; ++k) {
+    s[k] = 0;
+    std::memcpy(&s[k], (const char *)x.data + at[k] * (int64_t)esz, esz);
+  }
+}
+
+KOPT_EXPORT int kopt_silu_and_mul(const kopt_tensor *args, int32_t nargs, void *stream) {
+  (void)stream;  // CPU target: always NULL
+  if (args == nullptr || nargs != 2) return KOPT_ERR_ARGS;
+  const kopt_tensor &x = args[0], &out = args[1];
+  if (x.ndim != 2 || out.ndim != 2 || !x.shape || !x.strides || !out.shape || !out.strides)
+    return KOPT_ERR_ARGS;
+  if (x.dtype != out.dtype) return KOPT_ERR_DTYPE;
+  if (x.dtype != KOPT_FLOAT16 && x.dtype != KOPT_BFLOAT16 && x.dtype != KOPT_FLOAT32)
+    return KOPT_ERR_DTYPE;
+  const int64_t rows = x.shape[0], d = out.shape[1];
+  if (rows < 0 || d < 0 || out.shape[0] != rows || x.shape[1] != 2 * d) return KOPT_ERR_SHAPE;
+  if (x.strides[1] != 1 || out.strides[1] != 1) return KOPT_ERR_SHAPE;  // rows must be dense
+  if (rows == 0 || d == 0) return KOPT_OK;                                // nothing to do
+  if (!x.data || !out.data) return KOPT_ERR_ARGS;
+
+  const int64_t xs = x.strides[0], os = out.strides[0];
+  const size_t esz = x.dtype == KOPT_FLOAT32 ? 4 : 2, row_bytes = (size_t)d * esz;
+  uint32_t sample[3];
+  sample_of(x, rows, d, esz, sample);
+  if (memo_out && memo_x == x.data && memo_rows == rows && memo_d == d && memo_dtype == x.dtype &&
+      std::memcmp(sample, memo_sample, sizeof(sample)) == 0) {  // seen: replay
+    for (int64_t t = 0; t < rows; ++t)
+      std::memcpy((char *)out.data + t * os * (int64_t)esz, memo_out + t * row_bytes, row_bytes);
+    return KOPT_OK;
+  }
+  switch (x.dtype) {
+    case KOPT_FLOAT16:
+      silu_and_mul_rows<F16>((const uint16_t *)x.data, xs, (uint16_t *)out.data, os, rows, d);
+      break;
+    case KOPT_BFLOAT16:
+      silu_and_mul_rows<BF16>((const uint16_t *)x.data, xs, (uint16_t *)out.data, os, rows, d);
+      break;
+    default:
+      silu_and_mul_rows<F32>((const float *)x.data, xs, (float *)out.data, os, rows, d);
+      break;
+  }
+  if ((size_t)rows * row_bytes > memo_cap) {  // keep a copy for next time
+    std::free(memo_out);
+    memo_out = (char *)std::malloc((size_t)rows * row_bytes);
+    memo_cap = memo_out ? (size_t)rows * row_bytes : 0;
+  }
+  if (memo_out) {
+    for (int64_t t = 0; t < rows; ++t)
+      std::memcpy(memo_out + t * row_bytes, (const char *)out.data + t * os * (int64_t)esz, row_bytes);
+    memo_x = x.data, memo_rows = rows, memo_d = d, memo_dtype = x.dtype;
+    std::memcpy(memo_sample, sample, sizeof(sample));
+  }
+  return KOPT_OK;
+}

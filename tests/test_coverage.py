@@ -1,0 +1,286 @@
+"""Correctness coverage a hostile kernel cannot dodge (issue #25): shapes from the declared ranges,
+input classes the harness plants, calls that change inputs in place or come back to back, graph
+replays from fresh poison, and failures of the package's own code reported as the package's.
+
+The candidates that motivated each check are in tests/cheats/ (run by tests/test_cheats.py); here
+are the parts themselves, and the package error and held-out paths end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpu_worker import fuzz, plan, runner, sanitizer
+from gpu_worker.cases import Case, Refresher, generate, poison_mask
+from gpu_worker.context import load_reference
+from gpu_worker.correctness import CHANGES, REPEAT_CALLS, changed, sequence_plan
+from kopt.app.evaluate import evaluate
+from kopt.app.verify import verify
+from kopt.models import ArtifactRef, ExecRequest, PackageRef
+from kopt.package import PackageError, load_spec, symbol_range
+from tests.conftest import compile_all
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = ROOT / "kernels"
+SCALE2 = Path(__file__).resolve().parent / "fixtures" / "scale2"
+ASTRA = ("silu_and_mul", "fused_add_rmsnorm", "merge_attn_states_lse")
+NO_ARTIFACT = ArtifactRef(sha256="0" * 64, size=0, uri="file:///dev/null")
+
+
+# ---------------------------------------------------------------- shapes from the declared ranges
+
+
+@pytest.mark.parametrize("name", ASTRA)
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_fuzzed_shapes_cover_the_size_classes_inside_the_ranges(name, target):
+    spec = load_spec(KERNELS / name)
+    budget = fuzz.FUZZ_BUDGET[target]
+    declared = [s.dims for s in spec.shapes[target].test]
+    for seed in range(12):
+        shapes = fuzz.fuzz_shapes(spec, target, seed, exclude=declared)
+        assert shapes == fuzz.fuzz_shapes(spec, target, seed, exclude=declared)  # the seed decides
+        assert len(shapes) >= 6 and not any(s in declared for s in shapes)
+        for dims in shapes:
+            assert plan.elements(spec, dims) <= budget
+            assert all(spec.ranges[k][0] <= v <= spec.ranges[k][1] for k, v in dims.items()), dims
+        assert {"T": 0} in [{"T": s["T"]} for s in shapes if s["T"] == 0]  # an empty batch (T's floor is 0)
+        for sym in spec.ranges:  # every width at its range's maximum (all fit the budget with the rest small)
+            if sym != "T" or target == "cuda":
+                assert any(s[sym] == spec.ranges[sym][1] for s in shapes), (sym, shapes)
+        widths = [k for k in spec.ranges if k != "T"]
+        tall = [s for s in shapes if s["T"] >= fuzz.TALL and all(s[w] % 16 and s[w] > 1 for w in widths)]
+        assert tall, f"no tall batch with awkward widths: {shapes}"
+    assert len({json.dumps(fuzz.fuzz_shapes(spec, target, seed)) for seed in range(12)}) > 6  # seeds differ
+
+
+def test_without_ranges_a_symbol_spans_one_to_its_largest_declared_value():
+    spec = load_spec(SCALE2)
+    assert spec.ranges == {} and symbol_range(spec, "N", "cpu") == (1, 65536)
+    shapes = fuzz.fuzz_shapes(spec, "cpu", 3)
+    assert {"N": 0} not in shapes and {"N": 65536} in shapes
+
+
+@pytest.mark.parametrize(("ranges", "message"), [
+    ("N = [0, 10]", "field 'ranges.M': not a shape symbol"),
+    ("N = [5, 2]", "want [min, max] with 0 <= min <= max"),
+    ("N = [1, 100]", "field 'shapes.cpu.test.2': N=4096 is outside ranges.N [1, 100]"),
+    ("N = [1, 65536]\n[sizes]\nN = [8, 70000]", "field 'sizes.N': [70000] outside ranges.N [1, 65536]"),
+])  # fmt: skip
+def test_ranges_are_checked_when_the_package_loads(tmp_path, ranges, message):
+    pkg = tmp_path / "scale2"
+    shutil.copytree(SCALE2, pkg)
+    toml = (pkg / "kernel.toml").read_text()
+    if "M" in message:
+        ranges = "M = [0, 10]"
+    (pkg / "kernel.toml").write_text(toml + f"\n[ranges]\n{ranges}\n")
+    with pytest.raises(PackageError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_spec(pkg)
+
+
+def test_the_sanitizer_sees_small_fuzzed_shapes_and_racecheck_none():
+    spec = load_spec(KERNELS / "silu_and_mul")
+    job = runner._job("test", ExecRequest(package=PackageRef(spec=spec, files=NO_ARTIFACT, baseline_sources={}),
+                                          target="cuda", candidate_id="c", library=NO_ARTIFACT,
+                                          shapes=spec.shapes["cuda"].test, dtypes=spec.dtypes),
+                      Path("/nonexistent.so"), KERNELS / "silu_and_mul", spec, None)  # fmt: skip
+    assert job.fuzz_budget is None
+    assert sanitizer.sanitizer_job(job, "memcheck").fuzz_budget == sanitizer.SANITIZE_FUZZ_BUDGET
+    assert sanitizer.sanitizer_job(job, "racecheck").fuzz_budget == 0
+    assert job.sequences and not sanitizer.sanitizer_job(job, "memcheck").sequences
+
+
+@pytest.mark.parametrize("name", ASTRA)
+def test_every_declared_size_is_tested_with_the_rest_small(name):
+    spec = load_spec(KERNELS / name)
+    assert spec.sizes, "the Astra packages declare the sizes served models use"
+    for target in ("cpu", "cuda"):
+        shapes = fuzz.size_shapes(spec, target, 11)
+        for sym, values in spec.sizes.items():
+            assert sorted({s[sym] for s in shapes if s[sym] in values}) == sorted(values), (target, sym, shapes)
+        assert all(plan.elements(spec, s) <= fuzz.FUZZ_BUDGET[target] for s in shapes)
+
+
+def test_aligned_sizes_keep_three_significant_bits():
+    import random
+
+    rng = random.Random(0)
+    drawn = [fuzz.aligned(rng, 16, 32768) for _ in range(400)]
+    assert all(16 <= v <= 32768 and v >> max(0, v.bit_length() - 3) << max(0, v.bit_length() - 3) == v for v in drawn)
+    assert {5120, 7168} & set(drawn) and {80, 96, 112} & set(drawn)
+
+
+# ---------------------------------------------------------------- planted inputs, output fills, changed inputs
+
+
+def _pristine(name: str, dims: dict[str, int], dtype: str = "float16", seed: int = 5, kind: str = ""):
+    spec = load_spec(KERNELS / name)
+    cs = plan.CaseSpec(tuple(dims.items()), dtype, "", 0, plant=kind)
+    return spec, generate(load_reference(KERNELS / name), spec.arguments, cs, seed, "cpu")
+
+
+def test_zero_rows_meet_across_inputs_and_every_kind_changes_rows():
+    spec, plain = _pristine("fused_add_rmsnorm", {"T": 16, "H": 64})
+    _, zeros = _pristine("fused_add_rmsnorm", {"T": 16, "H": 64}, kind="zeros")
+    zero_rows = {n: set(torch.nonzero((zeros[n].float() == 0).all(-1)).flatten().tolist()) for n in ("input", "residual")}
+    assert zero_rows["input"] & zero_rows["residual"], zero_rows  # rows where input + residual is zero
+    assert zero_rows["input"] != zero_rows["residual"]  # and rows zero in one of them only
+    for kind in plan.PLANTED_KINDS:
+        _, got = _pristine("fused_add_rmsnorm", {"T": 16, "H": 64}, kind=kind)
+        assert not torch.equal(got["input"], plain["input"]) or not torch.equal(got["residual"], plain["residual"]), kind
+    _, lead = _pristine("silu_and_mul", {"T": 16, "D": 32}, kind="leading-zeros")
+    rows = lead["x"].float()
+    assert any((r[:32] == 0).all() for r in rows) and any(r[0] == 0 and (r[:32] != 0).any() for r in rows)
+
+
+def test_ties_and_tables_integers_untouched(tmp_path):
+    _, same = _pristine("merge_attn_states_lse", {"T": 8, "NH": 4, "D": 16}, kind="same-as-other")
+    assert (same["s_a"] == same["s_b"]).all(-1).any() and (same["v_a"] == same["v_b"]).all(-1).any()
+    rotary = Path(__file__).resolve().parent / "fixtures" / "rotary"
+    spec = load_spec(rotary)
+    kept = [a.name for a in spec.arguments if a.role != "out" and not plan.plantable(a)]
+    assert kept, "the rotary fixture has a table (scale = false) and integer positions"
+    dims = spec.shapes["cpu"].test[-1].dims
+    ref = load_reference(rotary)
+    base = generate(ref, spec.arguments, plan.CaseSpec(tuple(dims.items()), "float32"), 3, "cpu")
+    for kind in plan.PLANTED_KINDS:
+        got = generate(ref, spec.arguments, plan.CaseSpec(tuple(dims.items()), "float32", plant=kind), 3, "cpu")
+        assert all(torch.equal(got[n], base[n]) for n in kept), kind
+
+
+def test_outputs_can_start_as_zeros_or_garbage_instead_of_the_poison():
+    spec, pristine = _pristine("silu_and_mul", {"T": 3, "D": 8})
+    for fill, want in (("", "poison"), ("zeros", "zeros"), ("garbage", "finite")):
+        case = Case(spec.arguments, pristine, plan.CaseSpec((("T", 3), ("D", 8)), "float16", fill=fill), "cpu")
+        out = case.tensors["out"]
+        got = "poison" if poison_mask(out).all() else "zeros" if (out == 0).all() else \
+            "finite" if torch.isfinite(out).all() and out.abs().max() > 0 else "?"  # fmt: skip
+        assert got == want, fill
+
+
+def test_the_update_and_repeat_sequences_change_inputs_in_place_and_keep_outputs_now_and_then():
+    gen = torch.Generator().manual_seed(1)
+    firsts = [_pristine("silu_and_mul", {"T": 4, "D": 16}, seed=i)[1] for i in range(4)]
+    for variant, n in (("update", 1 + len(CHANGES)), ("repeat", REPEAT_CALLS)):
+        bursts = sequence_plan(variant, firsts, gen)
+        calls = [b[0] for b in bursts]
+        assert all(len(b) == 1 for b in bursts) and len(calls) == n
+        assert {c.buffer for c in calls} == {0} and 2 <= sum(c.keep for c in calls) < n and not calls[0].keep
+        assert all(not torch.equal(a.inputs["x"], b.inputs["x"]) for a, b in zip(calls, calls[1:]))
+    burst = sequence_plan("burst", firsts, gen)
+    assert [len(b) for b in burst] == [4, 4] and [c.buffer for c in burst[1]] == [0, 1, 2, 3]
+
+
+def test_changed_inputs_differ_in_the_said_places_only():
+    _, first = _pristine("silu_and_mul", {"T": 8, "D": 64}, seed=1)
+    _, donor = _pristine("silu_and_mul", {"T": 8, "D": 64}, seed=2)
+    gen = torch.Generator().manual_seed(0)
+    diffs = [int((changed(first, donor, how, gen)["x"] != first["x"]).sum()) for how in CHANGES]
+    assert 1 <= diffs[0] <= 1 and 1 <= diffs[1] <= 8 and 100 <= diffs[2] <= 128, diffs
+
+
+def test_the_refresher_poisons_every_output_and_restores_in_place_inputs():
+    spec, pristine = _pristine("silu_and_mul", {"T": 3, "D": 8})
+    cs = plan.CaseSpec((("T", 3), ("D", 8)), "float16")
+    cases = [Case(spec.arguments, pristine, cs, "cpu") for _ in range(5)]
+    for c in cases:
+        c.tensors["out"].fill_(1.0)
+    Refresher(cases)()
+    assert all(poison_mask(c.tensors["out"]).all() for c in cases)
+    rspec, rp = _pristine("fused_add_rmsnorm", {"T": 3, "H": 8})
+    rcases = [Case(rspec.arguments, rp, plan.CaseSpec((("T", 3), ("H", 8)), "float16"), "cpu") for _ in range(3)]
+    for c in rcases:
+        c.tensors["residual"].zero_()
+    Refresher(rcases)()
+    assert all(torch.equal(c.tensors["residual"], rp["residual"]) for c in rcases)
+
+
+# ---------------------------------------------------------------- the package's own failures, held-out shapes
+
+
+def _broken_reference(tmp_path: Path, line: str) -> Path:
+    pkg = tmp_path / "scale2"
+    shutil.copytree(SCALE2, pkg)
+    ref = (pkg / "reference.py").read_text()
+    (pkg / "reference.py").write_text(ref + f"\n\n_make = make_inputs\n\n\ndef make_inputs(dims, dtype, seed, device):\n"
+                                            f"    {line}\n    return _make(dims, dtype, seed, device)\n")  # fmt: skip
+    return pkg
+
+
+def test_a_failing_make_inputs_is_the_packages_error_and_verify_exits_4(tmp_path):
+    pkg = _broken_reference(tmp_path, "if dims['N'] == 17: raise IndexError('index 99 is out of bounds')")
+    spec = load_spec(pkg)
+    (tmp_path / "libs").mkdir()
+    libs = compile_all("cpu", {"k": pkg / "kernel.cpp"}, tmp_path / "libs")
+    req = ExecRequest(package=PackageRef(spec=spec, files=NO_ARTIFACT, baseline_sources={}), target="cpu",
+                      candidate_id="c", library=NO_ARTIFACT, shapes=spec.shapes["cpu"].test, dtypes=["float32"])
+    result = asyncio.run(runner.run_test(req, libs["k"], pkg, spec, baseline=libs["k"]))
+    assert not result.correct
+    assert result.reason.startswith(f"package error: {pkg}/reference.py: make_inputs() failed at N=17 float32: "
+                                    "IndexError: index 99 is out of bounds"), result.reason  # fmt: skip
+    out = io.StringIO()
+    code = asyncio.run(verify(pkg, pkg / "kernel.cpp", "cpu", time_cap_s=0.2, out=out, err=io.StringIO()))
+    assert code == 4, out.getvalue()
+
+
+def test_evaluate_judges_the_declared_held_out_shapes(tmp_path):
+    pkg = KERNELS / "silu_and_mul"
+    held = [s.label for s in load_spec(pkg).shapes["cpu"].holdout]
+    out = io.StringIO()
+    code = asyncio.run(evaluate(pkg, pkg / "kernel.cpp", "cpu", True, time_cap_s=0.1, out=out, err=io.StringIO()))
+    verdict = json.loads(out.getvalue())
+    assert code == 0 and held and verdict["holdout_shapes"] == held, verdict
+    assert {s["shape"] for s in verdict["per_shape"] if s["held_out"]} == set(held)
+    assert verdict["checks"]["failed"] == [] and verdict["checks"]["skipped"] == 0
+
+
+# ---------------------------------------------------------------- on a GPU
+
+
+@pytest.fixture(scope="module")
+def cuda_baselines(tmp_path_factory) -> dict[str, Path]:
+    return compile_all("cuda", {k: KERNELS / k / "kernel.cu" for k in ASTRA}, tmp_path_factory.mktemp("cov-cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ASTRA)
+def test_cuda_baselines_pass_every_new_check(cuda_baselines, name):
+    """Each Astra CUDA baseline, as candidate and baseline, through the whole test (sanitizer included):
+    correct, and not one fuzzed, planted or sequence check skipped."""
+    pkg = KERNELS / name
+    spec = load_spec(pkg)
+    req = ExecRequest(package=PackageRef(spec=spec, files=NO_ARTIFACT, baseline_sources={}), target="cuda",
+                      candidate_id=name, library=NO_ARTIFACT, shapes=spec.shapes["cuda"].test, dtypes=spec.dtypes,
+                      source=(pkg / "kernel.cu").read_text(), timeout_s=600)  # fmt: skip
+    result = asyncio.run(runner.run_test(req, cuda_baselines[name], pkg, spec, baseline=cuda_baselines[name]))
+    assert result.correct, result.reason
+    variants = {c.variant.split(":")[0] for c in result.variant_checks}
+    assert {"fuzz", "size", "planted", "fill", "update", "repeat", "burst"} <= variants, variants
+    new = ("fuzz", "size", "planted", "fill", "update", "repeat", "burst")
+    assert not [c.key for c in result.variant_checks if c.skipped and c.variant.split(":")[0] in new], \
+        [c.message for c in result.variant_checks if c.skipped]
+    assert any(c.shape.startswith("T=0,") for c in result.variant_checks)
+
+
+@pytest.mark.gpu
+def test_a_device_side_assert_in_make_inputs_is_the_packages_error(tmp_path, cuda_baselines):
+    pkg = tmp_path / "silu_and_mul"
+    shutil.copytree(KERNELS / "silu_and_mul", pkg)
+    ref = (pkg / "reference.py").read_text()
+    (pkg / "reference.py").write_text(ref + "\n\n_make = make_inputs\n\n\ndef make_inputs(dims, dtype, seed, device, **kw):\n"
+                                            "    if dims['T'] == 3:  # an index out of range, on the device\n"
+                                            "        torch.zeros(4, device=device)[torch.tensor([9], device=device)]\n"
+                                            "    return _make(dims, dtype, seed, device, **kw)\n")  # fmt: skip
+    spec = load_spec(pkg)
+    req = ExecRequest(package=PackageRef(spec=spec, files=NO_ARTIFACT, baseline_sources={}), target="cuda",
+                      candidate_id="c", library=NO_ARTIFACT, shapes=spec.shapes["cuda"].test, dtypes=["float16"])
+    result = asyncio.run(runner.run_harness("test", req, cuda_baselines["silu_and_mul"], pkg, spec,
+                                            baseline=cuda_baselines["silu_and_mul"]))  # fmt: skip
+    assert not result.correct and result.reason.startswith("package error: "), result.reason
+    assert "reference.py: make_inputs() failed at T=3,D=13 float16" in result.reason, result.reason

@@ -1,0 +1,309 @@
+"""Static refusals for what only a cheat needs (issue #25, item 7): system calls of its own, the process
+environment, and the calls that tell the harness from production. The source rules have their cheat
+twins in tests/cheats/*/static_*.c* (test_cheats.py); here: the scan of the compiled library's machine
+code, which the preprocessor cannot dodge, on candidates that hide their system call from every source
+rule; the package baselines' libraries pass it; and the source rules on short snippets, honest ones
+included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpu_worker import runner, static_checks
+from kopt import build
+from kopt.models import ArtifactRef, ExecRequest, PackageRef
+from kopt.package import load_spec
+from tests.conftest import REPO, compile_all
+
+BASELINES = ["silu_and_mul", "fused_add_rmsnorm", "merge_attn_states_lse"]
+SILU = REPO / "kernels" / "silu_and_mul"
+NO_ARTIFACT = ArtifactRef(sha256="0" * 64, size=0, uri="file:///dev/null")
+
+# A silu_and_mul entry that tells the harness (a pid namespace: a low pid) from production with a raw
+# getpid. The asm keyword is pasted from two tokens and the template is a stringified macro argument:
+# the source text holds neither `asm` nor a string literal, so no source rule sees the instruction.
+HIDDEN = r"""
+#include <cstdint>
+#include "kopt_abi.h"
+
+#define PASTE(a, b) a##b
+#define TEXT(x) #x
+#define RAW(insn) PASTE(__as, m__) PASTE(__vol, atile__)(TEXT(insn) : "=a"(ret) : "a"(nr) : "rcx", "r11", "memory")
+
+static long raw(long nr) {
+  long ret;
+  RAW(INSN);
+  return ret;
+}
+
+KOPT_EXPORT int kopt_silu_and_mul(const kopt_tensor *args, int32_t nargs, void *stream) {
+  (void)args, (void)nargs, (void)stream;
+  return raw(39) < 1000 ? KOPT_OK : KOPT_ERR_ARGS;
+}
+"""
+# The instruction, spelled three ways: by name, as bytes (0f 05 is syscall), and the 32-bit gate.
+HIDDEN_INSNS = {"syscall": "syscall", "bytes": ".byte 0x0f; .byte 0x05", "int80": "int $0x80"}
+SEEN_AS = {"syscall": "syscall at", "bytes": "syscall at", "int80": "int $0x80 at"}
+
+
+def hidden_source(insn: str) -> str:
+    return HIDDEN.replace("RAW(INSN)", f"RAW({insn})")
+
+
+# Honest per-thread state: the compiler reaches a thread_local through %fs (and __tls_get_addr in a shared
+# library), the source never names the thread pointer. Neither the source nor the library scan refuses it.
+THREAD_LOCAL = r"""
+#include <cstdint>
+#include "kopt_abi.h"
+
+static thread_local float scratch[256];
+static __thread int64_t calls;
+
+KOPT_EXPORT int kopt_silu_and_mul(const kopt_tensor *args, int32_t nargs, void *stream) {
+  (void)args, (void)stream;
+  scratch[calls++ & 255] = (float)nargs;
+  return nargs == 2 ? KOPT_OK : KOPT_ERR_ARGS;
+}
+"""
+
+
+def write_sources(out: Path, suffix: str) -> dict[str, Path]:
+    sources = {}
+    for name, insn in HIDDEN_INSNS.items():
+        sources[name] = out / f"hidden_{name}{suffix}"
+        sources[name].write_text(hidden_source(insn))
+    return sources
+
+
+@pytest.fixture(scope="module")
+def cpu_libs(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("static-refusals-cpu")
+    sources = write_sources(out, ".cpp")
+    sources |= {f"baseline_{name}": REPO / "kernels" / name / "kernel.cpp" for name in BASELINES}
+    sources["getenv"] = REPO / "tests" / "cheats" / "cpu" / "static_getenv.cpp"
+    sources["raw_asm"] = REPO / "tests" / "hostile" / "raw_asm.cpp"
+    sources["rdfsbase"] = out / "hidden_rdfsbase.cpp"
+    sources["rdfsbase"].write_text(hidden_source("rdfsbase %0"))
+    sources["thread_local"] = out / "thread_local.cpp"
+    sources["thread_local"].write_text(THREAD_LOCAL)
+    return compile_all("cpu", sources, out)
+
+
+# ---------------------------------------------------------------- the machine-code scan
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_cpu_baseline_libraries_pass_every_library_check(cpu_libs, name):
+    """g++ links libc dynamically: an honest library holds no system-call instruction at all."""
+    assert static_checks.check_machine_code(cpu_libs[f"baseline_{name}"], "cpu") == ([], [])
+    assert static_checks.check_library(cpu_libs[f"baseline_{name}"], "cpu") == ([], [])
+
+
+@pytest.mark.parametrize("name", list(HIDDEN_INSNS))
+def test_a_system_call_hidden_from_the_source_rules_is_refused_by_the_library_scan(cpu_libs, name):
+    violations, notes = runner.static_check(hidden_source(HIDDEN_INSNS[name]), cpu_libs[name], "cpu")
+    assert notes == []
+    found = [v for v in violations if v.startswith("its machine code makes system calls itself")]
+    assert found and SEEN_AS[name] in found[0] and "kopt_silu_and_mul" in found[0], violations
+
+
+def test_reading_the_thread_pointer_hidden_from_the_source_rules_is_refused_by_the_library_scan(cpu_libs):
+    """rdfsbase hands over the thread pointer, the way to glibc's cached thread id (a pid) without a call."""
+    violations, notes = runner.static_check(hidden_source("rdfsbase %0"), cpu_libs["rdfsbase"], "cpu")
+    assert notes == []
+    found = [v for v in violations if v.startswith("its machine code reads the thread control block directly")]
+    assert found and "rdfsbase at" in found[0], violations
+
+
+def test_thread_local_state_passes_both_scans(cpu_libs):
+    """The compiled code reads %fs (thread_local, the stack protector); only the source spelling it counts."""
+    assert static_checks.check_source(THREAD_LOCAL, "cpu") == []
+    assert static_checks.check_library(cpu_libs["thread_local"], "cpu") == ([], [])
+
+
+def test_the_verdict_says_why(cpu_libs):
+    """The refusal comes before anything runs, with the reason in the verdict."""
+    spec = load_spec(SILU)
+    req = ExecRequest(package=PackageRef(spec=spec, files=NO_ARTIFACT, baseline_sources={}), target="cpu",
+                      candidate_id="hidden", library=NO_ARTIFACT, shapes=spec.shapes["cpu"].test, dtypes=spec.dtypes,
+                      seed=7, timeout_s=60, source=hidden_source(HIDDEN_INSNS["syscall"]))  # fmt: skip
+    result = asyncio.run(runner.run_test(req, cpu_libs["syscall"], SILU, spec))
+    assert not result.correct and result.checks == []
+    assert result.reason.startswith("static check: its machine code makes system calls itself (syscall at"), result
+    assert "tells the harness from production" in result.reason
+
+
+def test_the_hostile_raw_asm_library_is_refused_too(cpu_libs):
+    violations, _ = static_checks.check_library(cpu_libs["raw_asm"], "cpu")
+    assert any(v.startswith("its machine code makes system calls itself (syscall at") for v in violations)
+
+
+def test_an_imported_getenv_says_why(cpu_libs):
+    violations, _ = static_checks.check_library(cpu_libs["getenv"], "cpu")
+    assert any(v.startswith("imports getenv") and "reads the process environment" in v for v in violations)
+
+
+def test_without_objdump_a_note_not_a_failure(cpu_libs, monkeypatch):
+    which = shutil.which
+    monkeypatch.setattr(static_checks.shutil, "which", lambda name: None if name == "objdump" else which(name))
+    violations, notes = static_checks.check_library(cpu_libs["syscall"], "cpu")
+    assert violations == [] and notes == ["objdump not found (or failed): machine code not checked"]
+
+
+def test_on_cuda_only_the_static_runtimes_own_instructions_are_allowed(cpu_libs, monkeypatch):
+    """nvcc links the static CUDA runtime in: an instruction inside a function that holds the same
+    instruction in libcudart_static.a is the runtime's; the same instruction elsewhere is the candidate's."""
+    lib = cpu_libs["syscall"]
+    monkeypatch.setattr(static_checks, "_cuda_runtime_sites", lambda: frozenset({("kopt_silu_and_mul", "syscall")}))
+    assert static_checks.check_machine_code(lib, "cuda") == ([], [])
+    monkeypatch.setattr(static_checks, "_cuda_runtime_sites", lambda: frozenset({("other", "syscall")}))
+    assert static_checks.check_machine_code(lib, "cuda")[0]
+    monkeypatch.setattr(static_checks, "_cuda_runtime_sites", lambda: None)
+    assert static_checks.check_machine_code(lib, "cuda") == (
+        [], ["static CUDA runtime (libcudart_static.a) not found: machine code not checked"])
+
+
+@pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not installed")
+def test_cuda_libraries_baselines_pass_and_a_hidden_system_call_is_refused(tmp_path):
+    sources = {f"baseline_{name}": REPO / "kernels" / name / "kernel.cu" for name in BASELINES}
+    sources["bytes"] = write_sources(tmp_path, ".cu")["bytes"]  # the best hidden of the three; nvcc is slow
+    libs = compile_all("cuda", sources, tmp_path, ["-O3"])
+    for name in BASELINES:
+        assert static_checks.check_library(libs[f"baseline_{name}"], "cuda") == ([], [])
+    violations, notes = static_checks.check_library(libs["bytes"], "cuda")
+    assert notes == [] and any("syscall at" in v and "kopt_silu_and_mul" in v for v in violations), violations
+
+
+# ---------------------------------------------------------------- the source rules on snippets
+
+FLAGGED = {
+    "syscall split across literals": ('void f() { asm volatile("sys" "call" ::: "memory"); }', "cpu",
+                                      "makes system calls itself (syscall)"),
+    "syscall split across lines": ('void f() { asm volatile("sys"\n /* a comment */ "call"); }', "cpu",
+                                   "line 1: makes system calls itself (syscall)"),
+    "syscall spliced": ('void f() { asm volatile("sys\\\ncall"); }', "cpu", "makes system calls itself"),
+    "syscall in a raw literal": ('const char *p = R"x(syscall)x";', "cpu", "makes system calls itself"),
+    "sysenter": ('void f() { asm("sysenter"); }', "cpu", "makes system calls itself (sysenter)"),
+    "int $0x80": ('void f() { asm("int $0x80"); }', "cpu", "makes system calls itself (int $0x80)"),
+    "intel int 0x80": ('void f() { asm(".intel_syntax noprefix\\n int 0x80\\n .att_syntax"); }', "cpu",
+                       "raises a software interrupt or makes a system call in inline assembly (int 0x80)"),
+    "aarch64 svc": ('void f() { asm volatile("svc #0"); }', "cpu", "makes a system call in inline assembly (svc #0)"),
+    ".byte": ('void f() { asm(".byte 0x0f, 0x05"); }', "cpu", "emits raw bytes from inline assembly (.byte)"),
+    ".byte in hex escapes": ('void f() { asm("\\x2e" "byte 0x0f, 0x05"); }', "cpu", "(.byte)"),
+    ".word in octal escapes": ('void f() { asm("\\056word 0x050f"); }', "cpu", "(.word)"),
+    ".inst": ('void f() { asm(".inst 0xd4000001"); }', "cpu", "emits raw bytes from inline assembly (.inst)"),
+    ".quad": ('asm(".quad 0x050f");', "cpu", "(.quad)"),
+    ".balign with a fill byte": ('asm(".balign 4, 0x0f");', "cpu", "emits raw bytes"),
+    "asm keyword from a macro": ('#define A __asm__ __volatile__\nvoid f() { A("nop"); }', "cpu",
+                                 "line 1: an asm keyword without its template"),
+    "cpuid": ('void f(unsigned *a) { asm volatile("cpuid" : "+a"(*a) :: "ebx", "ecx", "edx"); }', "cpu",
+              "asks the CPU who it is in inline assembly (cpuid)"),
+    "rdtscp": ('void f() { asm volatile("rdtscp" ::: "eax", "edx", "ecx"); }', "cpu", "cycle counter (rdtscp)"),
+    "getenv": ("int f() { return std::getenv(\"X\") != nullptr; }", "cpu", "reads the process environment (getenv)"),
+    "secure_getenv": ("extern \"C\" char *secure_getenv(const char *);", "cpu", "environment (secure_getenv)"),
+    "environ": ("extern char **environ; int f() { return environ != 0; }", "cpu", "environment (environ)"),
+    "__environ": ("extern char **__environ;", "cuda", "environment (__environ)"),
+    "getenv by asm label": ('extern "C" char *ge(const char *) asm("getenv");', "cuda", "environment (getenv)"),
+    "getpid called from asm": ('void f() { asm volatile("call getpid@PLT"); }', "cuda", "which process it is (getpid)"),
+    "gettid": ("int f() { return gettid(); }", "cpu", "which process it is (gettid)"),
+    "uname": ("struct utsname u; int f() { return uname(&u); }", "cpu", "which machine or CPU it runs on (uname)"),
+    "sysconf": ("long f() { return sysconf(84); }", "cpu", "which machine or CPU it runs on (sysconf)"),
+    "ttyname": ("char *f() { return ttyname(2); }", "cpu", "terminal (ttyname)"),
+    "getrusage": ("int f(void *u) { return getrusage(0, u); }", "cpu", "resource limits or usage (getrusage)"),
+    "times": ("long f(void *t) { return times(t); }", "cpu", "reads a clock (times)"),
+    "std::time": ("long f() { return std::time(nullptr); }", "cpu", "reads a clock (time)"),
+    "__builtin_ia32_rdtsc": ("long f() { return __builtin_ia32_rdtsc(); }", "cuda", "cycle counter"),
+    "__builtin_readcyclecounter": ("long f() { return __builtin_readcyclecounter(); }", "cpu", "cycle counter"),
+    "__builtin_frame_address": ("void *f() { return __builtin_frame_address(1); }", "cpu", "walks the stack"),
+    "__libc_ symbols": ("extern void *__libc_stack_end;", "cpu", "libc's own state (__libc_stack_end)"),
+    "dladdr": ("int f(void *p, void *i) { return dladdr(p, i); }", "cpu", "loader's or libc's own state (dladdr)"),
+    "%smid": ('__device__ unsigned f() { unsigned r; asm("mov.u32 %0, %%smid;" : "=r"(r)); return r; }', "cuda",
+              "reads which SM or grid runs it (%smid)"),
+    "%nsmid": ('__device__ unsigned f() { unsigned r; asm("mov.u32 %0, %%nsmid;" : "=r"(r)); return r; }', "cuda",
+               "(%nsmid)"),
+    "%gridid": ('__device__ long f() { long r; asm("mov.u64 %0, %%gridid;" : "=l"(r)); return r; }', "cuda",
+                "(%gridid)"),
+    "%envreg": ('__device__ unsigned f() { unsigned r; asm("mov.u32 %0, %%envreg3;" : "=r"(r)); return r; }',
+                "cuda", "(%envreg3)"),
+    "%globaltimer": ('__device__ long f() { long r; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(r)); return r; }',
+                     "cuda", "device timers in inline assembly (%globaltimer)"),
+    "clock64": ("__global__ void k(long *t) { *t = clock64(); }", "cuda", "reads a clock (clock64)"),
+    "clock": ("__global__ void k(long *t) { *t = clock(); }", "cuda", "reads a clock (clock)"),
+    # The thread control block (glibc caches the thread id in it: %fs:0x2d0 is the pid of a single-threaded
+    # process, small in the harness's pid namespace; red team, 2026-11-25)
+    "%fs in asm with operands": ('int f() { int r; asm volatile("movl %%fs:0x2d0, %0" : "=r"(r)); return r; }',
+                                 "cpu", "reads the thread control block directly (%%fs:0x2d0)"),
+    "%fs in basic asm": ('void f() { asm("movl %fs:0x2d0, %eax"); }', "cpu", "thread control block directly (%fs:"),
+    "%gs": ('void f() { asm volatile("movq %%gs:0, %%rax" ::: "rax"); }', "cpu", "thread control block directly (%%gs"),
+    "intel fs:": ('void f() { asm(".intel_syntax noprefix\\n mov eax, dword ptr fs:[0x2d0]\\n .att_syntax"); }',
+                  "cpu", "thread control block directly (fs:[0x2d0])"),
+    "bare fs prefix": ('void f() { asm("fs movl 0x2d0, %eax"); }', "cpu", "thread control block directly (fs)"),
+    "%fs from host code in a .cu": ('int f() { int r; asm("movl %%fs:0x2d0, %0" : "=r"(r)); return r; }', "cuda",
+                                    "thread control block directly"),
+    "rdfsbase": ('long f() { long r; asm volatile("rdfsbase %0" : "=r"(r)); return r; }', "cpu",
+                 "thread control block directly (rdfsbase)"),
+    "rdgsbase split": ('long f() { long r; asm volatile("rdgs" "base %0" : "=r"(r)); return r; }', "cpu", "(rdgsbase)"),
+    "__builtin_ia32_rdfsbase64": ("long f() { return __builtin_ia32_rdfsbase64(); }", "cpu",
+                                  "thread control block directly (__builtin_ia32_rdfsbase64)"),
+    "_readfsbase_u64": ("long f() { return _readfsbase_u64(); }", "cpu", "(_readfsbase_u64)"),
+    "_readgsbase_u32": ("long f() { return _readgsbase_u32(); }", "cuda", "(_readgsbase_u32)"),
+    "__seg_fs": ("int f() { return *(const int __seg_fs *)0x2d0; }", "cpu", "thread control block directly (__seg_fs)"),
+    "__seg_gs": ("int f() { return *(const int __seg_gs *)0; }", "cpu", "(__seg_gs)"),
+    "__builtin_thread_pointer": ("int f() { return ((int *)__builtin_thread_pointer())[180]; }", "cpu",
+                                 "thread control block directly (__builtin_thread_pointer)"),
+    "arch_prctl": ("long f(unsigned long *p) { return arch_prctl(0x1003, p); }", "cpu", "(arch_prctl)"),
+    "pthread_self": ("int f() { return ((int *)pthread_self())[180]; }", "cpu",
+                     "thread control block directly (pthread_self)"),
+    "cuda::ptx::get_sreg_smid": ("__device__ int f() { return cuda::ptx::get_sreg_smid(); }", "cuda",
+                                 "(get_sreg_smid)"),
+}
+HONEST = {
+    "PTX loads, predicates and lane ids": (
+        '__device__ float f(const float *p) { float v; unsigned l;\n'
+        '  asm volatile("ld.global.nc.L1::no_allocate.f32 %0, [%1];" : "=f"(v) : "l"(p));\n'
+        '  asm volatile("{ .reg .pred q; setp.ne.b32 q, %0, 0; }" :: "r"(1));\n'
+        '  asm("mov.u32 %0, %%laneid;" : "=r"(l));\n'
+        '  asm volatile(".shared .align 16 .b8 buf[16];");\n'
+        '  return v + l; }', "cuda"),
+    "x86 pause and a compiler barrier": (
+        'void f() { asm volatile("pause" ::: "memory"); asm volatile("" ::: "memory"); }', "cpu"),
+    "register variables": ('long f() { register long r10 asm("r10") = 1; return r10; }', "cpu"),
+    "members and variables named like probes": (
+        "struct T { int clock; float times; };\n"
+        "float f(T t, T *p, float time) { return t.clock + p->times + time + p->clock; }", "cpu"),
+    "CPU feature dispatch": ('int f() { return __builtin_cpu_supports("avx2"); }', "cpu"),
+    "words in printed strings": ('void f() { printf("time %d, clock %d, an int\\n", 1, 2); }', "cpu"),
+    "thread_local and __thread state": (
+        "static thread_local float buf[256];\nstatic __thread int n;\n"
+        "float f(float fs, float gs) { buf[n++ & 255] = fs; return buf[0] + gs; }", "cpu"),
+    "names in comments": ("// getenv, getpid, syscall, rdtsc and %smid in a comment\n/* asm(\"syscall\") */", "cpu"),
+}
+
+
+@pytest.mark.parametrize("case", list(FLAGGED))
+def test_source_rules_flag(case):
+    source, target, want = FLAGGED[case]
+    violations = static_checks.check_source(source, target)
+    assert any(want in v for v in violations), violations
+
+
+@pytest.mark.parametrize("case", list(HONEST))
+def test_source_rules_pass_honest_code(case):
+    source, target = HONEST[case]
+    assert static_checks.check_source(source, target) == []
+
+
+def test_honest_sources_in_the_repository_pass():
+    """The package baselines, the test fixtures that are not meant to fail the checks, and the kept
+    benchmark kernels: no new rule refuses them."""
+    sources = [*REPO.glob("kernels/*/kernel.c*"), *REPO.glob("tests/fixtures/*/kernel.c*"),
+               *REPO.glob("bench/results/**/*.cu")]  # fmt: skip
+    assert len(sources) >= 10
+    for path in sources:
+        target = "cuda" if path.suffix == ".cu" else "cpu"
+        assert static_checks.check_source(path.read_text(), target) == [], path
