@@ -28,6 +28,7 @@ def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed
     gen = torch.Generator().manual_seed(seed % (1 << 63))
     names = [a.name for a in args if plantable(a) and a.name in inputs and inputs[a.name].dim() >= 1]
     shared: dict[int, torch.Tensor] = {}  # row count -> the rows every input of that count shares
+    taken: dict[int, set[int]] = {}  # row count -> rows already planted in some input (shared or own)
     for name in names:
         t = inputs[name]
         rows = t.reshape(-1, row_width(t)) if t.numel() else None
@@ -37,7 +38,12 @@ def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed
         per = max(1, n // SHARE)
         if n not in shared:
             shared[n] = torch.randperm(n, generator=gen)[:per]
-        own = torch.randperm(n, generator=gen)[: max(1, per // 2)]
+            taken[n] = set(shared[n].tolist())
+        # Rows of this input alone: drawn from rows no input has planted yet, so each input has some (a
+        # zero row of residual under a nonzero row of input, say) wherever rows are left.
+        free = [r for r in torch.randperm(n, generator=gen).tolist() if r not in taken[n]]
+        own = torch.tensor(free[: max(1, per // 2)], dtype=torch.int64)
+        taken[n] |= set(own.tolist())
         picked = torch.unique(torch.cat([shared[n], own]))
         if kind == "same-as-other":
             _same_as_other(name, names, inputs, picked)
