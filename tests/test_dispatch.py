@@ -203,6 +203,7 @@ def test_a_setting_wrong_only_where_its_bucket_ends_is_caught_at_the_edge(tempor
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # judges measured speedups against thresholds (decision 0024)
 def test_a_run_keeps_one_library_with_the_fastest_values_of_each_bucket(temporal_server, kopt_home, tmp_path):
     """tradeoff: MODE 1 is ~16x faster below N = 4096 and ~1.5x slower above, so the search alone keeps
     the baseline (the shape guard refuses MODE 1); with buckets at 4095 the run keeps MODE 1 for the small
