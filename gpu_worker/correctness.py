@@ -234,9 +234,7 @@ def _restage(case: Case, pristine: dict[str, torch.Tensor], keep: bool) -> None:
     unless `keep`."""
     case.pristine = pristine
     for arg in case.args:
-        if arg.role == "in":
-            case.tensors[arg.name].copy_(pristine[arg.name])
-        elif arg.role == "inout":
+        if arg.role != "out":
             case.tensors[arg.name].copy_(pristine[arg.name])
         elif not keep:
             poison(case.tensors[arg.name])

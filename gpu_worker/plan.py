@@ -117,8 +117,8 @@ def edge_shapes(spec: KernelSpec, declared: list[Shape], target: str) -> list[di
     budget, not already declared."""
     syms = shape_symbols(spec)
     budget = EDGE_BUDGET.get(target, EDGE_BUDGET["cuda"])
-    fitting = [s.dims for s in declared if valid(spec, s.dims) and elements(spec, s.dims) <= budget]
-    base = max(fitting, key=lambda d: elements(spec, d)) if fitting else None
+    largest = planted_shape(spec, declared, target)
+    base = largest.dims if largest is not None else None
     seen = [dict(s.dims) for s in declared]
     out: list[dict[str, int]] = []
 
