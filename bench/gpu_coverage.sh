@@ -3,7 +3,7 @@
 #   bash bench/gpu_coverage.sh checks        the three Astra CUDA baselines through `kopt evaluate` (their
 #                                            own kernel.cu: every new check must pass them), then the
 #                                            gpu-marked cheat and coverage tests
-#   bash bench/gpu_coverage.sh cost REV      test-step cost before/after: bench/eval_cost.py, REV's tree
+#   bash bench/gpu_coverage.sh cost REV...   test-step cost before/after: bench/eval_cost.py, each REV's tree
 #                                            carried as .carry/rev-REV.tar (git archive --prefix=rev-REV/ REV)
 # Logs and JSON land in $OUT.
 set -uo pipefail
@@ -21,17 +21,29 @@ if [ "$what" = checks ]; then
   done 2>&1 | tee "$out/baselines.log"
   timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 -rA tests/test_cheats.py \
     tests/test_coverage.py 2>&1 | tee "$out/pytest-gpu.log" | grep -v "^PASSED" | tail -40
-else
-  rev=${2:?usage: gpu_coverage.sh cost REV}
+elif [ "$what" = verdicts ]; then  # verdicts REV CHEAT...: the named cheats' verdicts in REV's tree and in this one
+  rev=${2:?usage: gpu_coverage.sh verdicts REV CHEAT...}; shift 2
   mkdir -p /tmp/trees && tar -xf ".carry/rev-$rev.tar" -C /tmp/trees || exit 1
+  for tree in "/tmp/trees/rev-$rev" "$PWD"; do
+    (cd "$tree" && PYTHONPATH=/tmp/site:$tree timeout 280 python3 "$OLDPWD/bench/cheat_verdicts.py" --cheats \
+      "$OLDPWD/tests/cheats" "$@")
+  done 2>&1 | tee "$out/verdicts.log" | grep '^{'
+else
+  shift
+  [ $# -gt 0 ] || { echo "usage: gpu_coverage.sh cost REV..."; exit 2; }
+  trees=(); dirs=()
+  for rev in "$@"; do
+    mkdir -p /tmp/trees && tar -xf ".carry/rev-$rev.tar" -C /tmp/trees || exit 1
+    trees+=(--tree "$rev=/tmp/trees/rev-$rev"); dirs+=("/tmp/trees/rev-$rev")
+  done
   for k in silu_and_mul fused_add_rmsnorm; do
-    timeout 200 python3 bench/eval_cost.py --tree "$rev=/tmp/trees/rev-$rev" --tree after=. --target cuda --runs 2 \
+    timeout 200 python3 bench/eval_cost.py "${trees[@]}" --tree after=. --target cuda --runs 2 \
       --kernel "kernels/$k" --no-sanitizer --out-dir "$out" 2>&1 | tail -8
   done
-  timeout 200 python3 bench/eval_cost.py --tree "$rev=/tmp/trees/rev-$rev" --tree after=. --target cuda --runs 2 \
+  timeout 200 python3 bench/eval_cost.py "${trees[@]}" --tree after=. --target cuda --runs 2 \
     --out-dir "$out" 2>&1 | tail -8
-  # The clock check's A/A on this GPU, REV's tree and this one alike (a "forged clock" on honest code).
-  for tree in "/tmp/trees/rev-$rev" .; do
+  # The clock check's A/A on this GPU, each REV's tree and this one alike (a "forged clock" on honest code).
+  for tree in "${dirs[@]}" .; do
     for k in merge_attn_states_lse silu_and_mul; do
       (cd "$tree" && PYTHONPATH=/tmp/site:$PWD timeout 120 python3 -m kopt evaluate "kernels/$k" --candidate \
         "kernels/$k/kernel.cu" --time-cap 0.3 --json 2>/dev/null | python3 -c "import json,sys; v=json.load(sys.stdin);

@@ -15,7 +15,14 @@ UNSUPPORTED = (1, 2, 3)  # codes that say "this kernel does not take these argum
 
 
 class KernelFailure(Exception):
-    """The candidate failed in a way that ends the job; the message is the reason."""
+    """The candidate failed in a way that ends the job; the message is the reason. `memory_fault`: it
+    touched memory no buffer of its call covers (a segmentation fault, a CUDA illegal address);
+    `group`: the check group it failed at, where the test step knows it."""
+
+    def __init__(self, message: str, memory_fault: bool = False) -> None:
+        super().__init__(message)
+        self.memory_fault = memory_fault
+        self.group: str | None = None
 
 
 class PackageFault(Exception):

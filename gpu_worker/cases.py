@@ -1,16 +1,19 @@
 """Problem instances: inputs from the package's generator, the buffers a kernel sees, poison, guards.
 
-Every buffer a kernel sees is a fresh allocation inside a guard zone of GUARD_BYTES on each side
-(and, for the strided variant, between rows), pre-filled with a NaN carrying a payload. Outputs
-start as that poison, so "never written" is told apart from a computed NaN; a write outside a
-buffer shows up as damaged poison in the guards. Inputs the kernel sees are copies; the pristine
-tensors from make_inputs are never passed to a kernel.
+Every buffer a kernel sees is a fresh allocation with a guard zone of GUARD_BYTES before it (and,
+for the strided variant, between rows), pre-filled with a NaN carrying a payload; after it, either
+unmapped memory (a "fenced" buffer: its end within GUARD_BYTES of memory no host maps, so a read
+or write past that faults) or another guard zone (remote.Placement). Outputs start as that poison,
+so "never written" is told apart from a computed NaN; a write outside a buffer shows up as damaged
+poison in the guards. Inputs the kernel sees are copies; the pristine tensors from make_inputs are
+never passed to a kernel.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import random
 import secrets
 import zlib
 from types import ModuleType
@@ -34,6 +37,8 @@ POISON = {
 }
 SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 GUARD_BYTES = 256  # keeps the kernel-visible view 256-byte aligned, like a fresh allocation
+SCALE_STEP, SCALE_LEVELS = 1.25, 2  # Refresher: fresh inputs per call within [1.25**-2, 1.25**2] = [0.64, 1.5625]
+ROOM_BYTES = 1 << 20  # a "roomy" buffer's poisoned room on each side: at least this, and its own size
 
 
 class HarnessBug(RuntimeError):
@@ -76,26 +81,37 @@ ARENA = None
 
 
 class Buffer:
-    """A kernel-visible tensor inside a poisoned, guarded (and possibly row-padded) allocation."""
+    """A kernel-visible tensor inside a poisoned, guarded (and possibly row-padded) allocation, placed
+    as the arena says for argument `name` (remote.Placement): fenced (the view's end within
+    GUARD_BYTES of unmapped memory, as close as a 256-byte aligned start allows), plain (a guard zone
+    after it too) or roomy (poison on each side as large as the view, and ROOM_BYTES at least)."""
 
     def __init__(self, shape: list[int], dtype: torch.dtype, device: str, row_pad: int = 0, guards: bool = True,
-                 pool: str = "shared"):  # fmt: skip
+                 pool: str = "shared", name: str = ""):  # fmt: skip
         size = torch.empty((), dtype=dtype).element_size()
-        g = GUARD_BYTES // size if guards else 0
+        unit = GUARD_BYTES // size  # elements in one alignment unit
+        g = unit if guards else 0
         row_pad = row_pad if len(shape) >= 2 else 0
         phys = [*shape[:-1], shape[-1] + row_pad] if row_pad else list(shape)
         n = math.prod(phys)
-        if ARENA is not None and ARENA.target == device:  # shared with the kernel hosts (remote.py)
-            self.storage = ARENA.tensor(2 * g + n, dtype, owner=self, pool=pool)
+        shared = ARENA is not None and ARENA.target == device  # with the kernel hosts (remote.py)
+        self.placement = ARENA.placement(name, n * size, pool) if shared else "plain"
+        room = max(g, n, ROOM_BYTES // size)
+        lead = g if self.placement != "roomy" else -(-room // unit) * unit
+        tail = {"fence": 0, "plain": g, "roomy": room}[self.placement]
+        tail += (-(n + tail)) % unit  # the storage ends on the unit, so the view starts on it
+        if shared:
+            self.storage = ARENA.tensor(lead + n + tail, dtype, owner=self, pool=pool,
+                                        fence=self.placement == "fence")  # fmt: skip
         else:
-            self.storage = torch.empty(2 * g + n, dtype=dtype, device=device)
+            self.storage = torch.empty(lead + n + tail, dtype=dtype, device=device)
         poison(self.storage)
-        inner = self.storage[g : g + n].view(phys)
+        inner = self.storage[lead : lead + n].view(phys)
         self.view = inner[..., : shape[-1]] if row_pad else inner
         self.outside: torch.Tensor | None = None
-        if g or row_pad:
+        if lead or tail or row_pad:
             self.outside = torch.ones(self.storage.shape, dtype=torch.bool, device=device)
-            self.outside[g : g + n].view(phys)[..., : shape[-1]] = False
+            self.outside[lead : lead + n].view(phys)[..., : shape[-1]] = False
 
     def damage(self) -> int:
         """Elements outside the view whose poison was overwritten (out-of-bounds writes)."""
@@ -194,7 +210,8 @@ class Case:
         self.spec = cs
         shapes = shapes_of(args, cs.dim_map)
         self.buffers = {
-            a.name: Buffer(shapes[a.name], dtype_of(a, cs.dtype), device, cs.row_pad, guards, pool) for a in args
+            a.name: Buffer(shapes[a.name], dtype_of(a, cs.dtype), device, cs.row_pad, guards, pool, a.name)
+            for a in args
         }
         self.tensors = {name: b.view for name, b in self.buffers.items()}
         for arg in args:
@@ -216,16 +233,32 @@ class Case:
 
 
 class Refresher:
-    """Case.refresh for many cases at once, in two multi-tensor copies (a graph replays thousands of
-    slots; one fill per slot and output would cost more launches than the replay has calls)."""
+    """Case.refresh for many cases at once, in a few multi-tensor operations (a graph replays thousands
+    of slots; one fill per slot and output would cost more launches than the replay has calls).
 
-    def __init__(self, cases: list[Case]) -> None:
+    With `scaled` (the float inputs declared scalable), every call also gives the cases new inputs:
+    "in" buffers are multiplied in place by SCALE_STEP or its inverse, drawn per call, and restored
+    "inout" buffers by the product of those steps, which stays within SCALE_STEP ** SCALE_LEVELS of 1
+    either way. Every nonzero element moves, so no call can be answered from an earlier one (a replay
+    of cached outputs keyed on addresses or on a sample of the values); the judge reads the inputs a
+    call had from the buffers themselves before that call."""
+
+    def __init__(self, cases: list[Case], scaled: frozenset[str] = frozenset()) -> None:
         self.dst: list[torch.Tensor] = []
         self.src: list[torch.Tensor] = []
+        self.ins: list[torch.Tensor] = []  # "in" buffers scaled by each step
+        self.inouts: list[torch.Tensor] = []  # restored "inout" buffers, scaled by the product of the steps
+        self.level = 0
+        self.rng = random.Random(secrets.randbits(63))
+        seen: set[int] = set()
         poisons: dict[tuple, torch.Tensor] = {}
         for case in cases:
             for arg in case.args:
                 t = case.tensors[arg.name]
+                if arg.name in scaled and arg.role != "out" and t.is_floating_point() and t.numel():
+                    if t.data_ptr() not in seen:  # slots shared by two kernels are one set of buffers
+                        seen.add(t.data_ptr())
+                        (self.ins if arg.role == "in" else self.inouts).append(t)
                 if arg.role == "inout":
                     self.dst.append(t)
                     self.src.append(case.pristine[arg.name])
@@ -244,6 +277,13 @@ class Refresher:
     def __call__(self) -> None:
         if self.dst:
             torch._foreach_copy_(self.dst, self.src)
+        if self.ins or self.inouts:
+            step = self.rng.choice((-1, 1)) if abs(self.level) < SCALE_LEVELS else -self.level // abs(self.level)
+            self.level += step
+            if self.ins:
+                torch._foreach_mul_(self.ins, SCALE_STEP**step)
+            if self.inouts and self.level:
+                torch._foreach_mul_(self.inouts, SCALE_STEP**self.level)
 
 
 def check_no_overlap(tensors: dict[str, torch.Tensor]) -> None:

@@ -50,6 +50,7 @@ class Context:
             self.device = torch.device("cpu")
             pin_to_one_cpu()  # the kernel hosts inherit it
             self.arena = Arena(arena_bytes(job.memory_limit_mb))
+        self.arena.fence_only = job.fence_only
         cases.ARENA = self.arena
         # Both kernel hosts start first: their process and CUDA-context start-ups overlap with each
         # other and with this process's own (load_kernels waits for them).

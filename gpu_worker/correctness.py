@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gpu_worker import fuzz, plan
-from gpu_worker.abi import UNSUPPORTED, PackageFault, error_message
+from gpu_worker.abi import UNSUPPORTED, KernelFailure, PackageFault, error_message
 from gpu_worker.cases import Case, HarnessBug, generate, poison, reference, shapes_of, supports_special
 from gpu_worker.checks import ErrorsByOutput, bound, check_inputs, check_outputs, errors_by_output, \
     output_tolerances, total  # fmt: skip
@@ -65,6 +65,8 @@ def run_test(ctx: Context) -> TestResult:
                                                             exclude=declared + fuzzed)  # fmt: skip
     groups = plan.test_plan(job.spec, job.target, job.shapes, job.dtypes, job.trials, job.edge_shapes, special,
                             fuzzed, sized, job.sequences, turn=fuzz_seed % 997)  # fmt: skip
+    if job.only_group is not None:  # a job that looks for the argument a memory fault went through
+        groups = [g for g in groups if g.key == job.only_group]
     checks: list[ShapeCheck] = []
     variant_checks: list[ShapeCheck] = []
     reason = None
@@ -82,7 +84,11 @@ def run_test(ctx: Context) -> TestResult:
                 continue
             group = plan.Group(group.label, group.dtype, group.variant, True, group.cases[:1])
         tol = output_tolerances(job.spec.arguments, job.tolerances, group.dtype)
-        out = run_sequence(ctx, group, tol) if group.variant in plan.SEQUENCES else run_group(ctx, group, tol)
+        try:
+            out = run_sequence(ctx, group, tol) if group.variant in plan.SEQUENCES else run_group(ctx, group, tol)
+        except KernelFailure as exc:
+            exc.group = group.key
+            raise
         ok = out.message is None
         cand, base = total(out.cand), total(out.base)
         check = ShapeCheck(

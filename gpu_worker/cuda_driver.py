@@ -97,10 +97,11 @@ def granularity(ordinal: int) -> int:
     return g.value
 
 
-def _map(handle: int, size: int, ordinal: int) -> int:
-    """Reserve an address range, map `handle` into it read-write for this device; the address."""
+def _map(handle: int, size: int, ordinal: int, hole: int = 0) -> int:
+    """Reserve an address range, map `handle` into its first `size` bytes read-write for this device,
+    leaving `hole` bytes after it reserved and unmapped (an access there faults); the address."""
     ptr = ctypes.c_uint64()
-    check("cuMemAddressReserve", lib().cuMemAddressReserve(ctypes.byref(ptr), ctypes.c_size_t(size),
+    check("cuMemAddressReserve", lib().cuMemAddressReserve(ctypes.byref(ptr), ctypes.c_size_t(size + hole),
                                                            ctypes.c_size_t(0), ctypes.c_uint64(0),
                                                            ctypes.c_uint64(0)))  # fmt: skip
     check("cuMemMap", lib().cuMemMap(ptr, ctypes.c_size_t(size), ctypes.c_size_t(0), ctypes.c_uint64(handle),
@@ -126,11 +127,12 @@ def create_segment(size: int, ordinal: int) -> tuple[int, int]:
 
 
 def import_segment(fd: int, size: int, ordinal: int) -> int:
-    """Map a segment exported by the judge; returns its address in this process."""
+    """Map a segment exported by the judge, followed by a reserved, unmapped granule (a kernel that
+    runs past a buffer placed at the segment's end faults there); returns its address here."""
     handle = ctypes.c_uint64()
     check("cuMemImportFromShareableHandle", lib().cuMemImportFromShareableHandle(
         ctypes.byref(handle), ctypes.c_void_p(fd), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
-    ptr = _map(handle.value, size, ordinal)
+    ptr = _map(handle.value, size, ordinal, hole=granularity(ordinal))
     lib().cuMemRelease(ctypes.c_uint64(handle.value))
     return ptr
 

@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exc()
             reason = f"{type(exc).__name__}: {exc}{where}"
         result = failed(job, reason)
+        if isinstance(exc, KernelFailure) and exc.memory_fault and job.mode == "test":
+            result.fault_group = exc.group
     result.seconds = time.monotonic() - start
     if not result.device:
         result.device = _device_name(job)

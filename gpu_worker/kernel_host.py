@@ -5,16 +5,22 @@
 Started by the judge (the harness process, which never loads candidate code: docs/decisions/
 0014-judge-and-kernel-hosts.md) inside the same jail, as a fresh interpreter without torch, so
 nothing of the judge's memory (the key, the references, the verdict) is ever in this process.
-ARENA is how the kernel-visible buffers are shared: "FD:BYTES" (CPU: a sealed memfd, mapped here,
-its descriptor closed) or "cuda:ORDINAL" (the device; the judge sends its device-memory segments
-later, each as a descriptor over the control socket, mapped into this process's own context).
+ARENA is how the kernel-visible buffers are shared: "FD:BYTES" (CPU: a sealed memfd, mapped here
+with no access at all, its descriptor closed; the pages of the buffers a registered pack uses are
+opened read-write while a pack uses them, so this host sees only its own calls' buffers and a buffer
+whose end the judge placed against a page it never opens faults on the first byte read or written
+past that page) or "cuda:ORDINAL" (the device; the judge sends its device-memory segments later,
+each as a descriptor over the control socket, mapped into this process's own context with a
+reserved, unmapped granule after it: a buffer at a segment's end faults likewise).
 Before the library loads the host makes itself non-dumpable (the other host runs as the same uid)
 and puts on its own limits: rlimits and a seccomp profile ("host" on CPU: no threads or processes
 at all, so no code of the library runs between the calls the judge makes; "cuda-host": the CUDA
 driver needs threads, so the judge watches the host's threads and CPU time instead).
 
 The control socket (SOCK_SEQPACKET, one message per datagram), judge to host:
-  P <pack id, count> then per tensor <segment << 48 | offset, dtype, ndim> <shape...> <strides...>
+  P <pack id, count> then per tensor <segment << 48 | offset, dtype, ndim, open from, open bytes>
+                              <shape...> <strides...>   (CPU: the tensor's allocation, whose pages
+                              are opened while the pack is registered; it covers the tensor)
   F <pack id>                 forget a pack (no reply)
   S <segment id, bytes>       + a descriptor (CUDA): map a device-memory segment (no reply)
   C <pack id>                 call the entry point once; reply <rc, ns, status>
@@ -39,7 +45,7 @@ import sys
 import time
 
 PACK_HEAD = struct.Struct("<IH")
-TENSOR_HEAD = struct.Struct("<Qii")
+TENSOR_HEAD = struct.Struct("<QiiQQ")
 CALL = struct.Struct("<I")
 REPLY = struct.Struct("<iqi")
 SEGMENT = struct.Struct("<IQ")
@@ -48,6 +54,9 @@ SEGMENT_SHIFT = 48
 EMPTY = (1 << 64) - 1  # the "where" of a tensor with no elements: its data pointer is NULL, as torch's is
 MAX_MESSAGE = 1 << 16
 MAX_NDIM = 8
+ELEMENT_BYTES = {0: 4, 1: 2, 2: 2, 3: 8, 4: 4, 5: 8}  # kopt_dtype -> bytes (kernels/kopt_abi.h)
+PAGE = mmap.PAGESIZE
+PROT_NONE, PROT_RW = 0, mmap.PROT_READ | mmap.PROT_WRITE
 
 
 class KoptTensor(ctypes.Structure):
@@ -62,29 +71,100 @@ class KoptTensor(ctypes.Structure):
     ]
 
 
-def decode_pack(body: bytes, segments: dict[int, tuple[int, int]]) -> tuple[int, object, list]:
-    """(pack id, KoptTensor array, arrays to keep alive) from a P message; `segments` maps a segment
-    id to (base address here, bytes). Raises ValueError on anything outside them or malformed."""
+def decode_pack(body: bytes, segments: dict[int, tuple[int, int]]) -> tuple[int, object, list, list]:
+    """(pack id, KoptTensor array, arrays to keep alive, (segment, offset, bytes) of each tensor's allocation)
+    from a P message; `segments` maps a segment id to (base address here, bytes). Raises ValueError on
+    anything outside them or malformed."""
     pack_id, n = PACK_HEAD.unpack_from(body, 0)
     at = PACK_HEAD.size
     array = (KoptTensor * n)()
     keep: list = []
+    spans: list[tuple[int, int, int]] = []
     for i in range(n):
-        where, dtype, ndim = TENSOR_HEAD.unpack_from(body, at)
+        where, dtype, ndim, open_from, open_bytes = TENSOR_HEAD.unpack_from(body, at)
         at += TENSOR_HEAD.size
         base, size = segments.get(where >> SEGMENT_SHIFT, (0, -1))
         offset = where & ((1 << SEGMENT_SHIFT) - 1)
         if where == EMPTY:
             base, offset, size = 0, 0, 0
-        if not 0 <= ndim <= MAX_NDIM or offset > size:
+        if not 0 <= ndim <= MAX_NDIM or offset > size or dtype not in ELEMENT_BYTES:
             raise ValueError("malformed pack")
         dims = struct.unpack_from(f"<{2 * ndim}q", body, at)
         at += 16 * ndim
+        if where != EMPTY:
+            extent = (sum((s - 1) * st for s, st in zip(dims[:ndim], dims[ndim:])) + 1) * ELEMENT_BYTES[dtype]
+            if not open_bytes:  # CUDA: whole segments are mapped
+                open_from, open_bytes = offset, extent
+            if min(dims, default=1) < 0 or not open_from <= offset <= offset + extent <= open_from + open_bytes <= size:
+                raise ValueError("malformed pack")
+            spans.append((where >> SEGMENT_SHIFT, open_from, open_bytes))
         shape = (ctypes.c_int64 * ndim)(*dims[:ndim])
         strides = (ctypes.c_int64 * ndim)(*dims[ndim:])
         keep += [shape, strides]
         array[i] = KoptTensor(base + offset, dtype, ndim, shape, strides)
-    return pack_id, array, keep
+    return pack_id, array, keep, spans
+
+
+class CpuPages:
+    """CPU: the arena mapped with no access; the pages a registered pack's tensors span are opened
+    read-write (counted: packs may share a buffer) and closed again when the last pack using them is
+    forgotten. The judge forgets a pack before the memory under it is used again."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.mmap.restype = ctypes.c_void_p
+        self.libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                   ctypes.c_long]  # fmt: skip
+        self.libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        base = self.libc.mmap(None, size, PROT_NONE, mmap.MAP_SHARED, fd, 0)
+        if base in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap of the buffer arena failed")
+        self.base, self.size = base, size
+        self.count: dict[int, int] = {}  # page index -> packs using it
+
+    def _pages(self, spans: list[tuple[int, int, int]]) -> set[int]:
+        return {p for _, off, n in spans for p in range(off // PAGE, -(-(off + n) // PAGE))}
+
+    def _protect(self, pages: set[int], prot: int) -> None:
+        for first, count in _runs(sorted(pages)):
+            if self.libc.mprotect(self.base + first * PAGE, count * PAGE, prot):
+                raise OSError(ctypes.get_errno(), "mprotect of the buffer arena failed")
+
+    def open(self, spans: list[tuple[int, int, int]]) -> None:
+        pages = self._pages(spans)
+        new = {p for p in pages if not self.count.get(p)}
+        for p in pages:
+            self.count[p] = self.count.get(p, 0) + 1
+        self._protect(new, PROT_RW)
+
+    def close(self, spans: list[tuple[int, int, int]]) -> None:
+        gone = set()
+        for p in self._pages(spans):
+            self.count[p] -= 1
+            if not self.count[p]:
+                del self.count[p]
+                gone.add(p)
+        self._protect(gone, PROT_NONE)
+
+
+class NoPages:
+    """CUDA: a host maps only the segments its packs use, whole (remote.CudaArena)."""
+
+    def open(self, spans: list[tuple[int, int, int]]) -> None:
+        pass
+
+    close = open
+
+
+def _runs(pages: list[int]) -> list[tuple[int, int]]:
+    """Sorted page indices as (first, count) runs of consecutive pages."""
+    runs: list[tuple[int, int]] = []
+    for p in pages:
+        if runs and runs[-1][0] + runs[-1][1] == p:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((p, 1))
+    return runs
 
 
 class CpuCalls:
@@ -153,23 +233,29 @@ class CudaCalls:
         return rc, ns, status or d.sync_ctx()
 
 
-def serve(sock: socket.socket, fn, segments: dict[int, tuple[int, int]], calls, device=None) -> None:
-    packs: dict[int, tuple[object, int, list]] = {}
+def serve(sock: socket.socket, fn, segments: dict[int, tuple[int, int]], calls, device=None, pages=None) -> None:
+    pages = pages or NoPages()
+    packs: dict[int, tuple[object, int, list, list]] = {}
     while True:
         msg, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 1)
         if not msg:
             return
         op = msg[:1]
         if op == b"C":
-            array, n, _ = packs[CALL.unpack_from(msg, 1)[0]]
+            array, n, _, _ = packs[CALL.unpack_from(msg, 1)[0]]
             sock.send(REPLY.pack(*calls.call(fn, array, n)))
         elif op == b"N":
             sock.send(REPLY.pack(*calls.noop()))
         elif op == b"P":
-            pack_id, array, keep = decode_pack(msg[1:], segments)
-            packs[pack_id] = (array, len(array), keep)
+            pack_id, array, keep, spans = decode_pack(msg[1:], segments)
+            if pack_id in packs:
+                return
+            pages.open(spans)
+            packs[pack_id] = (array, len(array), keep, spans)
         elif op == b"F":
-            packs.pop(CALL.unpack_from(msg, 1)[0], None)
+            gone = packs.pop(CALL.unpack_from(msg, 1)[0], None)
+            if gone is not None:
+                pages.close(gone[3])
         elif op == b"S" and device is not None and len(fds) == 1:
             seg, size = SEGMENT.unpack_from(msg, 1)
             from gpu_worker import cuda_driver
@@ -179,12 +265,12 @@ def serve(sock: socket.socket, fn, segments: dict[int, tuple[int, int]], calls, 
         elif op == b"G" and device is not None:
             (count,) = CALL.unpack_from(msg, 1)
             ids = struct.unpack_from(f"<{count}I", msg, 1 + CALL.size)
-            sock.send(REPLY.pack(*calls.capture(fn, [packs[i] for i in ids])))
+            sock.send(REPLY.pack(*calls.capture(fn, [packs[i][:3] for i in ids])))
         elif op == b"R" and device is not None:
             sock.send(REPLY.pack(*calls.replay(CALL.unpack_from(msg, 1)[0])))
         elif op == b"H" and device is not None:
             pack_id, count = BURST.unpack_from(msg, 1)
-            array, n, _ = packs[pack_id]
+            array, n, _, _ = packs[pack_id]
             sock.send(REPLY.pack(*calls.burst(fn, array, n, count)))
         else:
             return
@@ -208,11 +294,12 @@ def main(argv: list[str]) -> None:
             return
         segments: dict[int, tuple[int, int]] = {}
         calls = CudaCalls(device)
+        pages = None
     else:
         arena_fd, arena_bytes = (int(x) for x in arena.split(":"))
-        mapping = mmap.mmap(arena_fd, arena_bytes)
+        pages = CpuPages(arena_fd, arena_bytes)
         os.close(arena_fd)  # the mapping stays; the descriptor (resize, more mappings) goes
-        segments = {0: (ctypes.addressof(ctypes.c_char.from_buffer(mapping)), arena_bytes)}
+        segments = {0: (pages.base, arena_bytes)}
         calls = CpuCalls()
     from gpu_worker import sandbox
 
@@ -241,7 +328,7 @@ def main(argv: list[str]) -> None:
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.POINTER(KoptTensor), ctypes.c_int32, ctypes.c_void_p]
     sock.send(b"R")
-    serve(sock, fn, segments, calls, device)
+    serve(sock, fn, segments, calls, device, pages)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from kopt.models import DType, KernelSpec, Partial, Shape, Target, TimingMode, T
 # Sampling per shape and dtype and kernel when the job sets no time_cap_s (docs/measurement.md).
 TIME_CAP_S = {"cpu": 2.0, "cuda": 1.5}
 
-HARNESS_VERSION = "4"  # bump when checks or timing change what a result means
+HARNESS_VERSION = "5"  # bump when checks or timing change what a result means
 PROGRESS_PREFIX = "kopt-harness: "  # the child also logs each step on stderr, for humans
 KEY_BYTES = 32
 FRAME_LIMIT = 32 << 20  # bytes of frames in all; more is garbage, not a result
@@ -66,6 +66,11 @@ class HarnessJob(BaseModel):
     resume: list[Partial] = Field(default_factory=list)
     # The worker's calibrated copy bandwidth (GB/s), measured once per worker; None: measure it.
     copy_bandwidth_gbs: float | None = None
+    # A job that finds the argument a memory fault went through (runner.locate_fault): only this check
+    # group runs, with only `fence_only` placed against unmapped memory, the others with room around them
+    # ("": every argument with room).
+    only_group: str | None = None
+    fence_only: str | None = None
 
 
 # How the judge words the death of a kernel host (remote.py); the parent then adds the log's tail

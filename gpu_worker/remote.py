@@ -18,6 +18,7 @@ import ctypes
 import fcntl
 import mmap
 import os
+import random
 import signal
 import socket
 import statistics
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import time
 import weakref
+from dataclasses import dataclass
 
 import torch
 
@@ -73,7 +75,12 @@ BLOCK_CLOCK_SLACK_FRACTION = 1.0
 RETAKEN = {"clock": "the judge's clock disagreed grossly",
            "idle": "a host used CPU outside the calls"}
 BLOCK_RETAKES = 2  # a block that misses the gross bound or the idle check is taken again, at most this often
-SEGMENT_BYTES = 1 << 30  # CUDA: the smallest device-memory segment the arena adds
+SEGMENT_BYTES = 1 << 30  # CUDA: the smallest device-memory segment the arena adds for "plain" buffers
+# CUDA: buffers of at least this many bytes are always fenced (a segment of their own, rounded up to the
+# 2 MiB granule, in timing as in tests); smaller test buffers by a coin toss (Placement).
+FENCE_MIN_BYTES = 1 << 20
+PAGE = mmap.PAGESIZE
+CUDA_ERROR_ILLEGAL_ADDRESS = 700
 
 
 class CaptureFailed(Exception):
@@ -113,8 +120,40 @@ def _length(count: int, dtype: torch.dtype) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
 
-class Arena:
-    """CPU: a sealed memfd mapped here and in every kernel host (segment 0); first-fit allocation."""
+def _bytes(count: int, dtype: torch.dtype) -> int:
+    return count * torch.empty((), dtype=dtype).element_size()
+
+
+class Placement:
+    """Where a buffer's end lies (docs/decisions/0029-buffers-against-unmapped-memory.md):
+    - "fence": its storage ends where unmapped memory begins (the arena's job), so an access a byte
+      past the poisoned tail faults;
+    - "plain": in shared memory among other buffers, with poisoned guards on each side;
+    - "roomy": poisoned room on each side as large as the buffer and at least cases.ROOM_BYTES: the
+      other arguments of a job that looks for the argument a fault came through (`fence_only`).
+    CPU: every buffer is fenced. CUDA: buffers of FENCE_MIN_BYTES or more, in tests and timing alike;
+    smaller test buffers (pools "candidate", "baseline") each by a coin toss, smaller timing buffers
+    never (a granule of device memory each would not fit thousands of graph slots). The toss keeps a
+    kernel from taking "my buffer ends at a granule" for "I am being tested": half its test calls
+    look like timing calls, and are checked all the same."""
+
+    fence_only: str | None = None  # set for such a job: only this argument is fenced ("": none), the others roomy
+    fence_min_bytes = 0
+    coin = random.SystemRandom()
+
+    def placement(self, name: str, nbytes: int, pool: str = "shared") -> str:
+        if self.fence_only is not None:
+            return "fence" if name == self.fence_only else "roomy"
+        if nbytes >= self.fence_min_bytes or (pool != "shared" and self.coin.getrandbits(1)):
+            return "fence"
+        return "plain"
+
+
+class Arena(Placement):
+    """CPU: a sealed memfd mapped here and in every kernel host (segment 0); first-fit allocation of
+    whole pages, each buffer's storage ending at a page end. A host opens only the pages of its own
+    packs (kernel_host.CpuPages), so the page after a fenced buffer, never part of any buffer, faults
+    in every host; so does memory of the other host's buffers."""
 
     target = "cpu"
 
@@ -126,22 +165,42 @@ class Arena:
         self.mm = mmap.mmap(self.fd, nbytes)
         self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
         self.region = Region(nbytes)
+        self.live: dict[int, int] = {}  # allocation offset -> its bytes without the fence page
+        self.starts: list[int] = []  # the offsets of self.live, sorted
 
     @property
     def spawn(self) -> tuple[str, tuple[int, ...]]:
         """(the host's ARENA argument, descriptors it inherits)."""
         return f"{self.fd}:{self.size}", (self.fd,)
 
-    def tensor(self, count: int, dtype: torch.dtype, owner: object, pool: str = "shared") -> torch.Tensor:
-        """`count` elements of `dtype` in the arena, given back when `owner` is collected. (One memfd
-        every host maps: `pool` is CUDA's; a CPU host cannot act outside its calls, and each buffer is
-        poisoned when it is allocated, after the calls of the other host that came before.)"""
-        length = _length(count, dtype)
+    def tensor(self, count: int, dtype: torch.dtype, owner: object, pool: str = "shared",
+               fence: bool = False) -> torch.Tensor:  # fmt: skip
+        """`count` elements of `dtype` ending at a page end (and, `fence`, followed by a page no
+        buffer uses), given back when `owner` is collected. (`pool` is CUDA's: here a host maps the
+        pages of its own packs only.)"""
+        nbytes = _bytes(count, dtype)
+        body = -(-max(nbytes, 1) // PAGE) * PAGE
+        length = body + (PAGE if fence else 0)
         off = self.region.take(length)
         if off is None:
             raise MemoryError(f"kernel buffer arena full ({self.size >> 20} MiB): shapes too large for the memory limit")
-        weakref.finalize(owner, self.region.give_back, off, length)
-        return torch.frombuffer(self.mm, dtype=dtype, count=count, offset=off)
+        self.live[off] = body
+        bisect.insort(self.starts, off)
+        weakref.finalize(owner, self._give_back, off, length)
+        return torch.frombuffer(self.mm, dtype=dtype, count=count, offset=off + body - nbytes)
+
+    def _give_back(self, off: int, length: int) -> None:
+        del self.live[off]
+        del self.starts[bisect.bisect_left(self.starts, off)]
+        self.region.give_back(off, length)
+
+    def allocation(self, where: int, nbytes: int) -> tuple[int, int]:
+        """(offset, bytes) of the live allocation that holds [where, where + nbytes): the pages a host
+        opens for a tensor there (its guards and room included, its fence page not)."""
+        i = bisect.bisect_right(self.starts, where) - 1
+        if i < 0 or where + nbytes > self.starts[i] + self.live[self.starts[i]]:
+            raise RuntimeError("harness bug: a kernel buffer outside every live allocation")
+        return self.starts[i], self.live[self.starts[i]]
 
     def offset_of(self, ptr: int, nbytes: int) -> int:
         off = ptr - self.base
@@ -161,13 +220,27 @@ class _CudaSegment:
                                          "version": 2}
 
 
-class CudaArena:
+@dataclass
+class Segment:
+    ptr: int
+    size: int
+    fd: int
+    region: Region
+    whole: torch.Tensor  # the segment's bytes, as the judge's torch sees them
+    pool: str
+    fenced: bool  # holds one buffer at a time, at its end (hosts map a segment with an unmapped granule after it)
+
+
+class CudaArena(Placement):
     """CUDA: segments of device memory (cuMemCreate), each exported as a descriptor that RemoteKernel
-    hands to its host before the first pack that uses it; first-fit allocation inside them, a new
-    segment (at least SEGMENT_BYTES) where none has room. The judge's other device memory (pristine
-    inputs, references) is in its own allocations, in a context no host can reach."""
+    hands to its host before the first pack that uses it. "plain" buffers: first-fit inside shared
+    segments (at least SEGMENT_BYTES each). "fence" buffers: one at a time in a segment of their
+    own, at its end; a host maps every segment with a reserved, unmapped granule after it. The
+    judge's other device memory (pristine inputs, references) is in its own allocations, in a
+    context no host can reach."""
 
     target = "cuda"
+    fence_min_bytes = FENCE_MIN_BYTES
 
     def __init__(self, device: torch.device) -> None:
         from gpu_worker import cuda_driver
@@ -176,43 +249,58 @@ class CudaArena:
         self.device = device
         self.ordinal = device.index or 0
         self.gran = cuda_driver.granularity(self.ordinal)
-        self.segs: list[tuple[int, int, int, Region, torch.Tensor, str]] = []  # (ptr, size, fd, region, bytes, pool)
+        self.segs: list[Segment] = []
 
     @property
     def spawn(self) -> tuple[str, tuple[int, ...]]:
         return f"cuda:{self.ordinal}", ()
 
-    def tensor(self, count: int, dtype: torch.dtype, owner: object, pool: str = "shared") -> torch.Tensor:
+    def tensor(self, count: int, dtype: torch.dtype, owner: object, pool: str = "shared",
+               fence: bool = False) -> torch.Tensor:  # fmt: skip
         """`count` elements in a segment of `pool`: "candidate" and "baseline" segments hold the buffers
         of one host's test calls, and a host maps only the segments its calls use, so no kernel can
         reach the other's buffers (a candidate's kernel left running after its call could otherwise
         spoil the baseline's guards and have every check the baseline "fails" skipped); "shared" holds
-        the A/B slots both hosts are timed on."""
+        the A/B slots both hosts are timed on. `fence`: at the end of a segment of its own."""
+        nbytes = _bytes(count, dtype)
+        if fence:
+            free = [g for g in self.segs if g.fenced and g.pool == pool and g.size >= nbytes and g.region.free]
+            seg = min(free, key=lambda g: g.size) if free else self._new(-(-max(nbytes, 1) // self.gran) * self.gran,
+                                                                        pool, True)  # fmt: skip
+            seg.region.take(seg.size)
+            weakref.finalize(owner, seg.region.give_back, 0, seg.size)
+            return seg.whole[seg.size - nbytes:].view(dtype)
         length = _length(count, dtype)
-        for _, _, _, region, whole, seg_pool in self.segs:
-            off = region.take(length) if seg_pool == pool else None
+        for seg in self.segs:
+            off = seg.region.take(length) if seg.pool == pool and not seg.fenced else None
             if off is not None:
                 break
         else:
-            size = -(-max(length, SEGMENT_BYTES) // self.gran) * self.gran
-            torch.cuda.synchronize(self.device)  # torch has made its context current on this thread
-            ptr, fd = self.driver.create_segment(size, self.ordinal)
-            whole = torch.as_tensor(_CudaSegment(ptr, size), device=self.device)
-            region = Region(size)
-            self.segs.append((ptr, size, fd, region, whole, pool))
-            off = region.take(length)
-        weakref.finalize(owner, region.give_back, off, length)
-        return whole[off : off + count * torch.empty((), dtype=dtype).element_size()].view(dtype)
+            seg = self._new(-(-max(length, SEGMENT_BYTES) // self.gran) * self.gran, pool, False)
+            off = seg.region.take(length)
+        weakref.finalize(owner, seg.region.give_back, off, length)
+        return seg.whole[off : off + nbytes].view(dtype)
+
+    def _new(self, size: int, pool: str, fenced: bool) -> Segment:
+        torch.cuda.synchronize(self.device)  # torch has made its context current on this thread
+        ptr, fd = self.driver.create_segment(size, self.ordinal)
+        seg = Segment(ptr, size, fd, Region(size), torch.as_tensor(_CudaSegment(ptr, size), device=self.device), pool,
+                      fenced)  # fmt: skip
+        self.segs.append(seg)
+        return seg
 
     def offset_of(self, ptr: int, nbytes: int) -> int:
-        for i, (base, size, *_) in enumerate(self.segs):
-            if base <= ptr and ptr + nbytes <= base + size:
-                return i << SEGMENT_SHIFT | (ptr - base)
+        for i, seg in enumerate(self.segs):
+            if seg.ptr <= ptr and ptr + nbytes <= seg.ptr + seg.size:
+                return i << SEGMENT_SHIFT | (ptr - seg.ptr)
         raise RuntimeError("harness bug: a kernel buffer outside the shared segments")
+
+    def allocation(self, where: int, nbytes: int) -> tuple[int, int]:
+        return 0, 0  # a host maps whole segments (the pages of CPU hosts only are opened per pack)
 
     def segments(self) -> list[tuple[int, int, int]]:
         """(segment id, bytes, descriptor) of every segment so far."""
-        return [(i, size, fd) for i, (_, size, fd, *_) in enumerate(self.segs)]
+        return [(i, seg.size, seg.fd) for i, seg in enumerate(self.segs)]
 
 
 class Hosts:
@@ -447,12 +535,12 @@ class RemoteKernel:
             self.close()
             raise KernelFailure(first[1:].decode(errors="replace"))
         if first != b"R":
-            raise KernelFailure(self._died())
+            raise self._death()
         self.threads = self.tasks()
         self.hosts.members.append(self)
         self.ready = True
 
-    def _died(self) -> str:
+    def _death(self) -> KernelFailure:
         """Why the host stopped answering, from its exit status, worded as the parent words the death
         of a harness (the judge adds the step it was at; a baseline's death is named as such)."""
         who = "" if self.role == "candidate" else f"{self.role}: "
@@ -460,18 +548,20 @@ class RemoteKernel:
             rc = self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.close()
-            return f"{who}the kernel process closed its connection to the judge"
+            return KernelFailure(f"{who}the kernel process closed its connection to the judge")
         if rc == -signal.SIGSYS:
-            return f"{who}killed by the sandbox: {KILLED_REASON}"
+            return KernelFailure(f"{who}killed by the sandbox: {KILLED_REASON}")
         if rc == -signal.SIGXFSZ:
-            return f"{who}killed: wrote more than {FSIZE_LIMIT >> 20} MiB to stdout/stderr"
+            return KernelFailure(f"{who}killed: wrote more than {FSIZE_LIMIT >> 20} MiB to stdout/stderr")
         if rc < 0:
             try:
                 name = signal.Signals(-rc).name
             except ValueError:
                 name = f"signal {-rc}"
-            return f"{who}crashed: {name}"
-        return f"{who}kernel process exited with code {rc} without answering (does the kernel call exit()?)"
+            fault = -rc in (signal.SIGSEGV, signal.SIGBUS) and self.role == "candidate"
+            return KernelFailure(f"{who}crashed: {name}", memory_fault=fault)
+        return KernelFailure(f"{who}kernel process exited with code {rc} without answering (does the kernel call "
+                             "exit()?)")  # fmt: skip
 
     def _send(self, data: bytes) -> None:
         try:
@@ -479,7 +569,7 @@ class RemoteKernel:
                 self.sock.send(b"F" + CALL.pack(self._forgotten.pop()))
             self.sock.send(data)
         except OSError:
-            raise KernelFailure(self._died()) from None
+            raise self._death() from None
 
     def _reply(self, fatal: bool = True) -> tuple[int, int]:
         """(rc, the host's ns) of the reply to the last message; a CUDA error ends the host (unless
@@ -492,7 +582,7 @@ class RemoteKernel:
             if msg:
                 self.close()
                 raise KernelFailure(f"{self.role}: broke the kernel host's protocol during a call")
-            raise KernelFailure(self._died())
+            raise self._death()
         rc, ns, status = REPLY.unpack(msg)
         if status:
             from gpu_worker.cuda_driver import error_name
@@ -501,7 +591,8 @@ class RemoteKernel:
                 raise CaptureFailed(error_name(status) or "an unknown CUDA error")
             self.close()  # its context is broken: the judge's own context is not
             raise KernelFailure(f"{self.role}: CUDA error after the kernel call: "
-                                f"{error_name(status) or 'an unknown CUDA error'}")  # fmt: skip
+                                f"{error_name(status) or 'an unknown CUDA error'}",
+                                memory_fault=status == CUDA_ERROR_ILLEGAL_ADDRESS and self.role == "candidate")
         return rc, ns
 
     def _register(self, packed: Packed) -> int:
@@ -514,7 +605,8 @@ class RemoteKernel:
         for t in packed.tensors:
             extent = (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size() if t.numel() else 0
             where = self.arena.offset_of(t.data_ptr(), extent) if t.numel() else EMPTY
-            body.append(TENSOR_HEAD.pack(where, KOPT_DTYPES[t.dtype], t.dim()))
+            span = self.arena.allocation(where, extent) if t.numel() else (0, 0)
+            body.append(TENSOR_HEAD.pack(where, KOPT_DTYPES[t.dtype], t.dim(), *span))
             body.append(struct.pack(f"<{2 * t.dim()}q", *t.shape, *t.stride()))
         used = {self.arena.offset_of(t.data_ptr(), 1) >> SEGMENT_SHIFT for t in packed.tensors if t.numel()}
         for seg, size, fd in self.arena.segments():  # the device segments this pack uses, new to the host, first
@@ -523,7 +615,7 @@ class RemoteKernel:
             try:
                 socket.send_fds(self.sock, [b"S" + SEGMENT.pack(seg, size)], [fd])
             except OSError:
-                raise KernelFailure(self._died()) from None
+                raise self._death() from None
             self._segments.add(seg)
         self._send(b"".join(body))
         ids[self.serial] = pack_id

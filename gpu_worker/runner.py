@@ -40,6 +40,7 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     "bfloat16": Tolerance(rtol=1.6e-2, atol=1e-3),
 }
 TAIL_BYTES = spawn.TAIL_BYTES
+LOCATE_TIMEOUT_S = 120.0  # each job of locate_fault
 OnPartial = Callable[[Partial], None]
 _COPY_BANDWIDTH: dict[str, float] = {}  # target -> GB/s, from this worker's first profile
 
@@ -75,6 +76,10 @@ async def run_test(
     job = _job("test", req, library, package_dir, spec, baseline, resume)
     result: TestResult = await _run(job, req.timeout_s, heartbeat, on_partial=on_partial)  # type: ignore[assignment]
     result.notes = notes + result.notes
+    if result.fault_group is not None and result.reason:
+        first, _, rest = result.reason.partition("\n")
+        named = await locate_fault(job, result.fault_group, req.timeout_s, heartbeat)
+        result.reason = f"{first}; {named}" + (f"\n{rest}" if rest else "")
     if result.correct and req.target == "cuda" and req.sanitize:
         ok, summary = await sanitizer.run(_job("test", req, library, package_dir, spec, None), req, heartbeat)
         result.sanitizer = summary
@@ -82,6 +87,33 @@ async def run_test(
             result.correct, result.reason = False, summary
     result.seconds = time.monotonic() - start
     return result
+
+
+async def locate_fault(job: HarnessJob, group: str, timeout_s: float, heartbeat: Heartbeat | None) -> str:
+    """Which argument a candidate's memory fault at check group `group` went through: the group again
+    (same seed and salt, so the same shapes and inputs), first with every argument given poisoned room
+    around it (a fault then is no overrun of one buffer), then once per argument with only that one
+    placed against unmapped memory (docs/decisions/0029-buffers-against-unmapped-memory.md). A
+    sentence for the verdict."""
+
+    async def faults(fence_only: str) -> bool:
+        probe = job.model_copy(update={"only_group": group, "fence_only": fence_only, "baseline_library": None,
+                                       "resume": []})  # fmt: skip
+        found = await _run(probe, min(timeout_s, LOCATE_TIMEOUT_S), heartbeat)
+        return isinstance(found, TestResult) and found.fault_group is not None
+
+    if await faults(""):
+        return ("it faults with every argument given room around it too: an access far outside its buffers "
+                "(a stray pointer), not an overrun of one")  # fmt: skip
+    hits = [arg.name for arg in job.spec.arguments if await faults(arg.name)]
+    if len(hits) == 1:
+        return (f"the access outside its buffers goes through `{hits[0]}`: the call faults with only `{hits[0]}` "
+                "against unmapped memory (the other arguments with room around them)")  # fmt: skip
+    if hits:
+        return (f"the accesses outside their buffers go through {', '.join(f'`{h}`' for h in hits)}: the call "
+                "faults with any one of them alone against unmapped memory")  # fmt: skip
+    return ("it does not fault again with any one argument alone against unmapped memory (the others given room): "
+            "the access depends on where the buffers lie")
 
 
 async def run_profile(

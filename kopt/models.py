@@ -345,6 +345,9 @@ class TestResult(BaseModel):
     sanitizer: str | None = None  # compute-sanitizer summary, or why it did not run
     notes: list[str] = Field(default_factory=list)  # what was skipped or relaxed, and why
     reused_from: str | None = None  # the candidate these library bytes passed as earlier in the run
+    # The check group at which a candidate call faulted on memory (CPU: SIGSEGV or SIGBUS; CUDA: an
+    # illegal address): the runner then names the argument it went through (gpu_worker/runner.py).
+    fault_group: str | None = None
 
 
 class ShapeTiming(BaseModel):

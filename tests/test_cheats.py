@@ -6,9 +6,11 @@ Each cheat source says what it does and what must catch it in its header:
   // layer:   runtime (test mode), profile (profile mode), static (source/library checks only) or ab
   //          (profile mode against the package baseline: whatever it does, it must not come out
   //          "faster"; expect is then "not faster"), or sanitizer (CUDA test mode with
-  //          compute-sanitizer, the full runner.run_test: what only the tool can see)
+  //          compute-sanitizer, the full runner.run_test: what only the tool can see), or fault
+  //          (an access outside its buffers: the full runner.run_test, which names the argument)
   // static:  (optional) what the static checks also say about it
   // package: (optional) scale2; default silu_and_mul
+  // timing:  (optional) the profile's timing mode (graph, cold); default auto
 Runtime cheats run through the harness alone (no static checks), so each test shows that the
 runtime layer catches its cheat by itself. CPU cheats run here; CUDA ones on a GPU (marker gpu).
 The package baselines must pass the same calibrated checks: no false rejections.
@@ -50,6 +52,7 @@ class Cheat:
     expect: tuple[str, ...]
     layer: str
     static: str | None
+    timing: str = "auto"
 
     @property
     def source(self) -> str:
@@ -68,7 +71,7 @@ def load_cheats(target: str) -> list[Cheat]:
         out.append(Cheat(
             name=path.stem, path=path, target=target, package=_header(text, "package") or "silu_and_mul",
             expect=tuple(e.strip() for e in _header(text, "expect").split("|")), layer=_header(text, "layer"),
-            static=_header(text, "static"),
+            static=_header(text, "static"), timing=_header(text, "timing") or "auto",
         ))  # fmt: skip
     return out
 
@@ -91,8 +94,11 @@ async def run_cheat(cheat: Cheat, lib: Path, baseline: Path, target: str, sem: a
     spec = load_spec(pkg)
     mode = "profile" if cheat.layer in ("profile", "ab") else "test"
     timeout = HANG_TIMEOUT_S if cheat.name == "hang" else 120.0
-    req = request(spec, target, "bench" if mode == "profile" else "test", timeout)
+    req = request(spec, target, "bench" if mode == "profile" else "test", timeout, timing_mode=cheat.timing)
     async with sem:
+        if cheat.layer == "fault":
+            return await runner.run_test(req.model_copy(update={"source": cheat.source}), lib, pkg, spec,
+                                         baseline=baseline)  # fmt: skip
         return await runner.run_harness(mode, req, lib, pkg, spec, baseline=baseline)
 
 

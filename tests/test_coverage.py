@@ -201,6 +201,31 @@ def test_the_refresher_poisons_every_output_and_restores_in_place_inputs():
     assert all(torch.equal(c.tensors["residual"], rp["residual"]) for c in rcases)
 
 
+def test_the_refresher_gives_scalable_inputs_new_values_every_call():
+    """Graph mode's fresh inputs: every nonzero element of a scalable input moves on every call, the
+    scale stays bounded, and in-place inputs are restored scaled, never left as the kernel wrote them."""
+    rspec, rp = _pristine("fused_add_rmsnorm", {"T": 4, "H": 16})
+    cs = plan.CaseSpec((("T", 4), ("H", 16)), "float32")
+    cases = [Case(rspec.arguments, rp, cs, "cpu") for _ in range(2)]
+    refresh = Refresher(cases, frozenset({"input", "residual"}))
+    before = cases[0].tensors["input"].clone()
+    levels = set()
+    for _ in range(50):
+        prev = cases[0].tensors["input"].clone()
+        cases[0].tensors["residual"].zero_()  # what a kernel leaves there
+        refresh()
+        levels.add(refresh.level)
+        now = cases[0].tensors["input"]
+        assert bool(((now != prev) | (prev == 0)).all())
+        ratio = (now / before)[before.abs() > 1e-3]
+        assert 0.6 < float(ratio.min()) and float(ratio.max()) < 1.6
+        expected = rp["residual"].float() * 1.25**refresh.level
+        assert torch.allclose(cases[0].tensors["residual"].float(), expected, rtol=2e-3, atol=0)
+        assert torch.equal(cases[0].tensors["input"], cases[1].tensors["input"])
+    assert levels == {-2, -1, 0, 1, 2}
+    assert torch.equal(cases[0].tensors["weight"], rp["weight"])  # not named scalable: left alone
+
+
 # ---------------------------------------------------------------- the package's own failures, held-out shapes
 
 
@@ -284,3 +309,82 @@ def test_a_device_side_assert_in_make_inputs_is_the_packages_error(tmp_path, cud
                                             baseline=cuda_baselines["silu_and_mul"]))  # fmt: skip
     assert not result.correct and result.reason.startswith("package error: "), result.reason
     assert "reference.py: make_inputs() failed at T=3,D=13 float16" in result.reason, result.reason
+
+
+# ---------------------------------------------------------------- buffers against unmapped memory
+
+
+def test_cpu_buffers_end_within_a_guard_of_a_page_no_buffer_uses():
+    """Every CPU buffer (decision 0029): its view starts 256-byte aligned, ends less than 256 bytes
+    before a page end, and the allocation a host opens stops at that page end (the next page is the
+    fence); roomy buffers have at least ROOM_BYTES of poison on each side."""
+    import gpu_worker.cases as cases
+    from gpu_worker.remote import PAGE, Arena
+
+    arena = Arena(64 << 20)
+    saved, cases.ARENA = cases.ARENA, arena
+    try:
+        for shape, dtype in (([7, 1000], torch.float16), ([3, 5], torch.float32), ([1, 1], torch.bfloat16),
+                             ([64, 64], torch.float16), ([0, 8], torch.float32)):  # fmt: skip
+            buf = cases.Buffer(shape, dtype, "cpu", name="x")
+            view = buf.view
+            assert buf.placement == "fence"
+            start = view.data_ptr()
+            end = start + view.numel() * view.element_size()
+            assert (start - arena.base) % 256 == 0
+            page_end = -(-(end - arena.base) // PAGE) * PAGE
+            assert page_end - (end - arena.base) == (-(end - start)) % 256  # the tail: as little as alignment allows
+            if view.numel():  # (an empty tensor reaches a kernel as NULL: no allocation is opened for it)
+                off, nbytes = arena.allocation(start - arena.base, end - start)
+                assert off + nbytes == page_end  # the host opens up to here and no further
+            assert bool(poison_mask(buf.storage).all())
+        arena.fence_only = "out"
+        roomy = cases.Buffer([4, 16], torch.float32, "cpu", name="x")
+        fenced = cases.Buffer([4, 16], torch.float32, "cpu", name="out")
+        assert (roomy.placement, fenced.placement) == ("roomy", "fence")
+        lead = roomy.view.data_ptr() - roomy.storage.data_ptr()
+        tail = roomy.storage.numel() * 4 - lead - roomy.view.numel() * 4
+        assert lead >= cases.ROOM_BYTES and tail >= cases.ROOM_BYTES
+    finally:
+        cases.ARENA = saved
+
+
+def test_a_cpu_host_opens_only_the_pages_of_its_registered_packs():
+    import mmap
+    import os
+
+    from gpu_worker.kernel_host import PAGE, CpuPages, _runs
+
+    assert _runs([1, 2, 3, 7, 9, 10]) == [(1, 3), (7, 1), (9, 2)]
+    fd = os.memfd_create("kopt-test")
+    os.ftruncate(fd, 16 * PAGE)
+    pages = CpuPages(fd, 16 * PAGE)
+    a = [(0, PAGE, 2 * PAGE)]  # pages 1, 2
+    b = [(0, 2 * PAGE + 100, PAGE)]  # pages 2, 3
+    pages.open(a)
+    pages.open(b)
+    assert pages.count == {1: 1, 2: 2, 3: 1}
+    pages.close(a)
+    assert pages.count == {2: 1, 3: 1}  # page 2 stays open: b still uses it
+    with open(f"/proc/self/map_files/{pages.base + 2 * PAGE:x}-{pages.base + 4 * PAGE:x}", "rb"):
+        pass  # one mapping now spans exactly pages 2-3 (read-write), split from the rest
+    pages.close(b)
+    assert pages.count == {}
+    maps = open("/proc/self/maps").read()
+    assert f"{pages.base:x}-{pages.base + 16 * PAGE:x} ---s" in maps  # all of it without access again
+    os.close(fd)
+    del mmap
+
+
+def test_a_fault_far_outside_every_buffer_is_not_blamed_on_an_argument(tmp_path):
+    """A write through a null pointer faults whatever the placement: the runner's probe with every
+    argument given room faults too, and the verdict says so instead of naming an argument."""
+    pkg = KERNELS / "silu_and_mul"
+    spec = load_spec(pkg)
+    libs = compile_all("cpu", {"k": ROOT / "tests" / "cheats" / "cpu" / "segfault.cpp"}, tmp_path)
+    req = ExecRequest(package=PackageRef(spec=spec, files=NO_ARTIFACT, baseline_sources={}), target="cpu",
+                      candidate_id="c", library=NO_ARTIFACT, shapes=spec.shapes["cpu"].test[:1], dtypes=["float16"])
+    result = asyncio.run(runner.run_test(req, libs["k"], pkg, spec))
+    assert not result.correct and result.fault_group is not None
+    first = result.reason.splitlines()[0]
+    assert "crashed: SIGSEGV" in first and "a stray pointer" in first and "goes through" not in first, first

@@ -1,5 +1,5 @@
 // cheat: near-constant output: skips the work and writes zeros when the inputs look small
-// expect: all zeros
+// expect: all zeros | elements mismatch
 // layer: runtime
 #include <cmath>
 #include <cstdint>

@@ -1,5 +1,5 @@
 // cheat: aliasing / overlapping writes: right output, plus a write one element past its end
-// expect: written outside the buffer
+// expect: written outside the buffer | crashed: SIGSEGV
 // layer: runtime
 #include <cmath>
 #include <cstdint>
