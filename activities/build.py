@@ -11,7 +11,7 @@ from temporalio import activity
 
 from activities.errors import invalid_request
 from activities.heartbeat import heartbeating
-from kopt import build
+from containment import build
 from kopt.artifacts import ArtifactStore
 from kopt.models import CompileRequest, CompileResult
 

@@ -2,9 +2,10 @@
 
 Any OpenAI-compatible endpoint (OpenAI, Azure OpenAI v1, vLLM, SGLang, Ollama). The client runs
 with `max_retries=0` and an explicit timeout: Temporal's retry policy owns retries, so every
-failure becomes an ApplicationError that says whether a retry can help (429/5xx/timeouts: yes,
-with the server's Retry-After as `next_retry_delay`; other 4xx and refusals: no, with the setting
-to fix). The API key is read from the environment inside the call and never leaves it: it is
+failure becomes an ApplicationError that says whether a retry can help (429/5xx/timeouts: yes;
+other 4xx and refusals: no, with the setting to fix). When to retry is the activity's retry policy
+(kopt/activity_table.py), except where the server said it with Retry-After: that becomes the
+error's `next_retry_delay`. The API key is read from the environment inside the call and never leaves it: it is
 scrubbed from every text that goes into an audit record, an error or a log line.
 """
 
@@ -14,7 +15,6 @@ import asyncio
 import email.utils
 import json
 import os
-import random
 import re
 import string
 import time
@@ -31,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from agents import reply_cache
 from kopt.agent_models import (  # noqa: F401 - the error types are part of this module's interface
     AUTH,
     BAD_REQUEST,
@@ -48,7 +49,6 @@ from kopt.agent_models import (  # noqa: F401 - the error types are part of this
     LLMUsage,
     setting_name,
 )
-from agents import reply_cache
 from kopt.redact import redact
 
 PROMPTS = Path(__file__).parent / "prompts"
@@ -59,12 +59,6 @@ DETAIL_CHARS = 300
 # JSON, and only its first MAX_REPLY_CHARS go into history and into the repair turn, so no reply
 # size can break Temporal's payload limits.
 MAX_REPLY_CHARS = 100_000
-# Backoff of an unavailable endpoint (5xx, timeout, no connection) without a Retry-After: 2^(attempt-1)
-# seconds up to BACKOFF_MAX_S, times a random factor in [0.5, 1] (runs sharing an endpoint spread out).
-BACKOFF_MAX_S = 120.0
-
-# Error types (ApplicationError.type), for retry policies and for people reading history.
-NON_RETRYABLE_TYPES = [AUTH, NOT_FOUND, BAD_REQUEST, CONFIG, REFUSED]
 
 T = TypeVar("T", bound=BaseModel)
 R = TypeVar("R")
@@ -172,15 +166,6 @@ def retry_after_seconds(headers: Mapping[str, str], now: datetime | None = None)
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
-def backoff_s(attempt: int) -> float:
-    """Jittered exponential delay before the next attempt of an activity whose endpoint was down."""
-    return min(BACKOFF_MAX_S, 2.0 ** max(attempt - 1, 0)) * random.uniform(0.5, 1.0)
-
-
-def _attempt() -> int:
-    return activity.info().attempt if activity.in_activity() else 1
-
-
 def is_retryable_status(status: int) -> bool:
     """Statuses a later attempt can fix: rate limits, server errors, request timeout, conflict."""
     return status in (408, 409, 429) or status >= 500
@@ -190,7 +175,7 @@ def http_error(status: int, *, detail: str, retry_after: float | None, cfg: LLMC
                model: str) -> ApplicationError:
     """Map an HTTP error status of the endpoint to the ApplicationError Temporal should see."""
     where = f"{redact_url(cfg.base_url)} (model {model!r}, role {role})"
-    delay = timedelta(seconds=retry_after if retry_after is not None else backoff_s(_attempt()))
+    delay = timedelta(seconds=retry_after) if retry_after is not None else None  # else the retry policy's
     if is_retryable_status(status):
         kind = RATE_LIMITED if status == 429 else SERVER_ERROR
         after = f"; retry after {retry_after:g}s" if retry_after is not None else ""
@@ -349,13 +334,11 @@ async def chat_json(cfg: LLMConfig, role: str, messages: list[LLMMessage], schem
                 raise _failed(record, start, err, calls) from None
             except openai.APITimeoutError:
                 err = ApplicationError(f"no reply from {redact_url(cfg.base_url)} within {cfg.timeout_s:g}s "
-                                       f"({setting_name('timeout_s')}; model {model!r}, role {role})", type=TIMEOUT,
-                                       next_retry_delay=timedelta(seconds=backoff_s(_attempt())))
+                                       f"({setting_name('timeout_s')}; model {model!r}, role {role})", type=TIMEOUT)
                 raise _failed(record, start, err, calls) from None
             except openai.APIConnectionError as exc:
                 err = ApplicationError(f"cannot reach {redact_url(cfg.base_url)} ({setting_name('base_url')}): "
-                                       f"{scrub(str(exc.__cause__ or exc), key)}", type=CONNECTION,
-                                       next_retry_delay=timedelta(seconds=backoff_s(_attempt())))
+                                       f"{scrub(str(exc.__cause__ or exc), key)}", type=CONNECTION)
                 raise _failed(record, start, err, calls) from None
             record.latency_s = round(time.monotonic() - start, 3)
             _account(record, resp, cfg)

@@ -318,9 +318,3 @@ async def single_agent(req: SingleAgentRequest) -> tuple[Plan, CodeResult, list[
 
     (the_plan, result), calls = await chat_json(_config(req), "single_agent", messages, SingleAgentReply, check)
     return the_plan, result, calls
-
-
-ROLE_FUNCTIONS = {
-    "test_designer": design_tests, "analyst": analyze, "planner": plan, "coder": code, "repair": repair,
-    "single_agent": single_agent,
-}

@@ -43,7 +43,7 @@ ASTRA = {"silu_and_mul": 1.26, "fused_add_rmsnorm": 1.25, "merge_attn_states_lse
 def run_kernel(kernel: str, rounds: int, gpu_class: str, out: Path, max_wall_time: float | None,
                min_gain: float | None) -> dict:  # fmt: skip
     report_dir = out / kernel
-    cmd = [sys.executable, "-m", "kopt.app.cli", "optimize", f"kernels/{kernel}", "--target", "cuda", "--gpu-class",
+    cmd = [sys.executable, "-m", "frontend.cli", "optimize", f"kernels/{kernel}", "--target", "cuda", "--gpu-class",
            gpu_class, "--rounds", str(rounds), "--report-dir", str(report_dir)]
     if max_wall_time:
         cmd += ["--max-wall-time", str(max_wall_time)]
@@ -88,7 +88,7 @@ async def cold_ab(kernel: str, best_source: Path, best_flags: list[str]) -> dict
     """The best kernel against the package baseline once more, in cold-L2 mode at every bench shape
     (the search may time small shapes in CUDA-graph mode; docs/measurement.md's references are cold)."""
     from gpu_worker import runner
-    from kopt.build import build, detect_toolchain
+    from containment.build import build, detect_toolchain
     from bench.noise_floor import request
     from kopt.package import load_spec, source_path
 

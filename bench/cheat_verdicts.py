@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from gpu_worker import runner
-from kopt.build import compile_command, detect_toolchain
+from containment.build import compile_command, detect_toolchain
 from kopt.models import ArtifactRef, ExecRequest, PackageRef
 from kopt.package import load_spec
 

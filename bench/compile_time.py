@@ -1,6 +1,6 @@
 """Compile time per candidate: build a kernel package's baseline N times per target.
 
-Each build goes into a fresh temporary directory through kopt.build.build, exactly as a build
+Each build goes into a fresh temporary directory through containment.build.build, exactly as a build
 worker compiles a candidate (same compiler command and flags from kernel.toml), so the numbers
 are what one round pays per candidate on this machine. One untimed warm-up build per target
 first, so the timed runs see a warm file cache as a long-running build worker does.
@@ -33,7 +33,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import kopt
-from kopt.build import Toolchain, build, detect_toolchain
+from containment.build import Toolchain, build, detect_toolchain
 from kopt.package import load_spec, source_path
 
 BENCHMARK = "compile_time"

@@ -29,8 +29,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = ("build", "test", "profile", "total", "wall")
-# kopt's CLI moved to kopt/app/cli.py; older trees have it at kopt/cli.py.
-CLI = ("import sys\ntry:\n    from kopt.app.cli import main\nexcept ImportError:\n    from kopt.cli import main\n"
+# kopt's CLI moved to frontend/cli.py; older trees have it at kopt/cli.py.
+CLI = ("import sys\ntry:\n    from frontend.cli import main\nexcept ImportError:\n    from kopt.cli import main\n"
        "sys.exit(main())")
 # The same in every tree, with the compute-sanitizer pass reported as unavailable: its ~25 s on CUDA
 # would hide what the harness itself costs.

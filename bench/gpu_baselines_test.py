@@ -17,7 +17,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from gpu_worker import runner  # noqa: E402
-from kopt.build import build, detect_toolchain  # noqa: E402
+from containment.build import build, detect_toolchain  # noqa: E402
 from kopt.models import ArtifactRef, ExecRequest, PackageRef  # noqa: E402
 from kopt.package import load_spec, source_path  # noqa: E402
 

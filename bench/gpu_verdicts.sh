@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$out/gpu.txt"
 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 190 tests/test_cheats.py \
   tests/test_containment.py tests/test_gpu.py 2>&1 | tee "$out/pytest-gpu.log" | tail -30
 for k in silu_and_mul fused_add_rmsnorm merge_attn_states_lse; do
-  timeout 100 python3 -m kopt.app.cli evaluate kernels/$k --candidate kernels/$k/kernel.cu --target cuda --json \
+  timeout 100 python3 -m frontend.cli evaluate kernels/$k --candidate kernels/$k/kernel.cu --target cuda --json \
     > "$out/evaluate-$k.json" 2>/tmp/evaluate-$k.err
   python3 -c "import json,sys; v=json.load(open(sys.argv[1])); print(sys.argv[2], v['correct'], v['reason'], \
 v['verdict'], v['speedup_geomean'], v['speedup_ci'], v['seconds'])" "$out/evaluate-$k.json" $k

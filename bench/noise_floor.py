@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:
 import kopt  # noqa: E402
 from gpu_worker import runner  # noqa: E402
 from gpu_worker.protocol import HARNESS_VERSION  # noqa: E402
-from kopt.build import build, detect_toolchain  # noqa: E402
+from containment.build import build, detect_toolchain  # noqa: E402
 from kopt.models import ArtifactRef, ExecRequest, PackageRef, Shape  # noqa: E402
 from kopt.package import load_spec, source_path  # noqa: E402
 

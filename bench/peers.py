@@ -63,7 +63,7 @@ BENCH_DTYPE = {"silu_and_mul": "bfloat16", "fused_add_rmsnorm": "bfloat16", "mer
 
 def headers(wheel: Path, dest: Path) -> None:
     """Copy the FlashInfer headers the wrapper includes (found by nvcc -M) from the wheel to dest."""
-    from kopt.build import find_nvcc
+    from containment.build import find_nvcc
 
     nvcc = find_nvcc()
     if nvcc is None:
@@ -238,7 +238,7 @@ def ptr(t) -> ctypes.c_void_p:
 def build_kopt(kernel: str, tunables: dict[str, int], flags: list[str], out: Path, source: str | None = None) -> Path:
     """The package's kernel.cu with these tunables, or a run's best source as it is (a shape-specialized
     best is more than kernel.cu with other values)."""
-    from kopt.build import compile_command, detect_toolchain
+    from containment.build import compile_command, detect_toolchain
     from kopt.package import apply_tunables
 
     src = out.with_suffix(".cu")
@@ -248,7 +248,7 @@ def build_kopt(kernel: str, tunables: dict[str, int], flags: list[str], out: Pat
 
 
 def build_flashinfer(include: Path, out: Path) -> Path:
-    from kopt.build import find_nvcc
+    from containment.build import find_nvcc
 
     subprocess.run([find_nvcc(), "-std=c++17", "-O3", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC",
                     f"-I{include / 'include'}", f"-I{include / 'stub'}", "-o", str(out), str(WRAPPER)],
@@ -312,7 +312,7 @@ def run(args) -> None:
                        else str(report), "best": best}  # fmt: skip
             jobs[(k, "baseline")] = pool.submit(build_kopt, k, {}, spec.build["cuda"].flags, tmp / f"{k}-baseline.so")
             if best:
-                written = report.parent / "best_kernel.cu"  # beside a run's report.json (kopt.app.report)
+                written = report.parent / "best_kernel.cu"  # beside a run's report.json (frontend.report)
                 jobs[(k, "best")] = pool.submit(build_kopt, k, best["tunables"], best["flags"], tmp / f"{k}-best.so",
                                                 written.read_text() if written.is_file() else None)
         built = {key: job.result() for key, job in jobs.items()}

@@ -2,7 +2,7 @@
 
 For each target available here, the package baseline is compiled, tested (baseline loaded for
 calibration, as `kopt evaluate` does) and profiled A/B against itself, `--runs` times with the jail
-(kopt/jail.py) and `--runs` times without it (KOPT_SANDBOX=off, KOPT_ALLOW_UNSANDBOXED=1),
+(containment/jail.py) and `--runs` times without it (KOPT_SANDBOX=off, KOPT_ALLOW_UNSANDBOXED=1),
 alternating, in one process (one warm zygote, one copy-bandwidth calibration). The compute-sanitizer
 pass is left out on CUDA: it costs the same either way and would dominate.
 
@@ -33,7 +33,7 @@ if str(REPO) not in sys.path:
 
 from gpu_worker import runner  # noqa: E402
 from gpu_worker.device import cpu_name  # noqa: E402
-from kopt.build import build, detect_toolchain  # noqa: E402
+from containment.build import build, detect_toolchain  # noqa: E402
 from kopt.models import ArtifactRef, ExecRequest, PackageRef  # noqa: E402
 from kopt.package import load_spec, source_path  # noqa: E402
 

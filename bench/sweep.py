@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpu_worker import runner  # noqa: E402
-from kopt.build import compile_command, detect_toolchain  # noqa: E402
+from containment.build import compile_command, detect_toolchain  # noqa: E402
 from kopt.models import ArtifactRef, ExecRequest, PackageRef, Shape  # noqa: E402
 from kopt.package import apply_tunables, load_spec, read_tunables  # noqa: E402
 

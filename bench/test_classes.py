@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from gpu_worker import runner, spawn  # noqa: E402
 from gpu_worker.device import cpu_name  # noqa: E402
-from kopt.build import build, detect_toolchain  # noqa: E402
+from containment.build import build, detect_toolchain  # noqa: E402
 from kopt.models import ArtifactRef, ExecRequest, PackageRef  # noqa: E402
 from kopt.package import load_spec, source_path  # noqa: E402
 

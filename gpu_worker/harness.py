@@ -2,7 +2,7 @@
 
     python -m gpu_worker.harness RESULT_FD      (job and key on stdin; see protocol.py)
 
-The child runs in its jail from its first instruction (kopt/jail.py: namespaces, a read-only view
+The child runs in its jail from its first instruction (containment/jail.py: namespaces, a read-only view
 of the host, an unprivileged uid, hard limits, a minimal environment). Order:
   1. read the per-job key and the job from stdin, then close stdin; make this process
      non-dumpable (no other process of the same uid can read its memory);
@@ -61,15 +61,6 @@ class Channel:
         self.step = step
         print(PROGRESS_PREFIX + step, file=sys.stderr, flush=True)
         self.send("progress", step)
-
-
-def __getattr__(name: str):
-    """Kernel, Packed and KernelFailure moved to abi.py; old imports keep working (lazily: torch)."""
-    if name in ("Kernel", "Packed", "KoptTensor", "KernelFailure"):
-        from gpu_worker import abi
-
-        return getattr(abi, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def read_stdin() -> tuple[bytearray, HarnessJob]:

@@ -44,6 +44,27 @@ import struct
 import sys
 import time
 
+
+class Op:
+    """Judge to host: the first byte of every message (the module docstring gives each one's body)."""
+
+    PACK = b"P"
+    FORGET = b"F"
+    SEGMENT = b"S"
+    CALL = b"C"
+    NOOP = b"N"
+    CAPTURE = b"G"
+    REPLAY = b"R"
+    BURST = b"H"
+
+
+class Hello:
+    """Host to judge, once, before anything else: ready to be called, or why not (the text follows)."""
+
+    READY = b"R"
+    ERROR = b"E"
+
+
 PACK_HEAD = struct.Struct("<IH")
 TENSOR_HEAD = struct.Struct("<QiiQQ")
 CALL = struct.Struct("<I")
@@ -241,34 +262,34 @@ def serve(sock: socket.socket, fn, segments: dict[int, tuple[int, int]], calls, 
         if not msg:
             return
         op = msg[:1]
-        if op == b"C":
+        if op == Op.CALL:
             array, n, _, _ = packs[CALL.unpack_from(msg, 1)[0]]
             sock.send(REPLY.pack(*calls.call(fn, array, n)))
-        elif op == b"N":
+        elif op == Op.NOOP:
             sock.send(REPLY.pack(*calls.noop()))
-        elif op == b"P":
+        elif op == Op.PACK:
             pack_id, array, keep, spans = decode_pack(msg[1:], segments)
             if pack_id in packs:
                 return
             pages.open(spans)
             packs[pack_id] = (array, len(array), keep, spans)
-        elif op == b"F":
+        elif op == Op.FORGET:
             gone = packs.pop(CALL.unpack_from(msg, 1)[0], None)
             if gone is not None:
                 pages.close(gone[3])
-        elif op == b"S" and device is not None and len(fds) == 1:
+        elif op == Op.SEGMENT and device is not None and len(fds) == 1:
             seg, size = SEGMENT.unpack_from(msg, 1)
             from gpu_worker import cuda_driver
 
             segments[seg] = (cuda_driver.import_segment(fds[0], size, device.ordinal), size)
             os.close(fds[0])
-        elif op == b"G" and device is not None:
+        elif op == Op.CAPTURE and device is not None:
             (count,) = CALL.unpack_from(msg, 1)
             ids = struct.unpack_from(f"<{count}I", msg, 1 + CALL.size)
             sock.send(REPLY.pack(*calls.capture(fn, [packs[i][:3] for i in ids])))
-        elif op == b"R" and device is not None:
+        elif op == Op.REPLAY and device is not None:
             sock.send(REPLY.pack(*calls.replay(CALL.unpack_from(msg, 1)[0])))
-        elif op == b"H" and device is not None:
+        elif op == Op.BURST and device is not None:
             pack_id, count = BURST.unpack_from(msg, 1)
             array, n, _, _ = packs[pack_id]
             sock.send(REPLY.pack(*calls.burst(fn, array, n, count)))
@@ -290,7 +311,7 @@ def main(argv: list[str]) -> None:
         try:
             device = cuda_driver.Device(int(arena.split(":")[1]))
         except (OSError, cuda_driver.CudaError) as exc:
-            sock.send(b"E" + f"{role}: the kernel process could not set up the GPU: {exc}".encode()[:4000])
+            sock.send(Hello.ERROR + f"{role}: the kernel process could not set up the GPU: {exc}".encode()[:4000])
             return
         segments: dict[int, tuple[int, int]] = {}
         calls = CudaCalls(device)
@@ -313,21 +334,21 @@ def main(argv: list[str]) -> None:
     try:
         lib = ctypes.CDLL(library, mode=os.RTLD_NOW | os.RTLD_LOCAL)
     except OSError as exc:
-        sock.send(b"E" + f"cannot load the {role} library: {exc}".encode()[:4000])
+        sock.send(Hello.ERROR + f"cannot load the {role} library: {exc}".encode()[:4000])
         return
     try:
         fn = getattr(lib, entry)
     except AttributeError:
-        sock.send(b"E" + f"{role}: entry symbol {entry!r} is not exported (KOPT_EXPORT, extern \"C\"?)".encode())
+        sock.send(Hello.ERROR + f"{role}: entry symbol {entry!r} is not exported (KOPT_EXPORT, extern \"C\"?)".encode())
         return
     started = _tasks() - threads
     if started > 0:
-        sock.send(b"E" + f"{role}: started {started} thread(s) when its library loaded (code at load time runs "
+        sock.send(Hello.ERROR + f"{role}: started {started} thread(s) when its library loaded (code at load time runs "
                          "outside the calls that are checked and timed)".encode())  # fmt: skip
         return
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.POINTER(KoptTensor), ctypes.c_int32, ctypes.c_void_p]
-    sock.send(b"R")
+    sock.send(Hello.READY)
     serve(sock, fn, segments, calls, device, pages)
 
 

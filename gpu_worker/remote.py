@@ -31,10 +31,10 @@ from dataclasses import dataclass
 
 import torch
 
+from containment.seccomp import KILLED_REASON
 from gpu_worker.abi import KOPT_DTYPES, KernelFailure, Packed, error_message
-from gpu_worker.kernel_host import BURST, CALL, EMPTY, PACK_HEAD, REPLY, SEGMENT, SEGMENT_SHIFT, TENSOR_HEAD
+from gpu_worker.kernel_host import BURST, CALL, EMPTY, PACK_HEAD, REPLY, SEGMENT, SEGMENT_SHIFT, TENSOR_HEAD, Hello, Op
 from gpu_worker.sandbox import FSIZE_LIMIT
-from kopt.seccomp import KILLED_REASON
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where gpu_worker/ and kopt/ are
 ALIGN = 256
@@ -531,10 +531,10 @@ class RemoteKernel:
             self.close()
             raise KernelFailure(f"{self.role}: its library did not finish loading in {LOAD_TIMEOUT_S:g} s") from None
         self.sock.settimeout(None)
-        if first.startswith(b"E"):
+        if first.startswith(Hello.ERROR):
             self.close()
             raise KernelFailure(first[1:].decode(errors="replace"))
-        if first != b"R":
+        if first != Hello.READY:
             raise self._death()
         self.threads = self.tasks()
         self.hosts.members.append(self)
@@ -566,7 +566,7 @@ class RemoteKernel:
     def _send(self, data: bytes) -> None:
         try:
             while self._forgotten:
-                self.sock.send(b"F" + CALL.pack(self._forgotten.pop()))
+                self.sock.send(Op.FORGET + CALL.pack(self._forgotten.pop()))
             self.sock.send(data)
         except OSError:
             raise self._death() from None
@@ -601,7 +601,7 @@ class RemoteKernel:
             return ids[self.serial]
         RemoteKernel._ids += 1
         pack_id = RemoteKernel._ids
-        body = [b"P", PACK_HEAD.pack(pack_id, packed.n)]
+        body = [Op.PACK, PACK_HEAD.pack(pack_id, packed.n)]
         for t in packed.tensors:
             extent = (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size() if t.numel() else 0
             where = self.arena.offset_of(t.data_ptr(), extent) if t.numel() else EMPTY
@@ -613,7 +613,7 @@ class RemoteKernel:
             if seg not in used or seg in self._segments:
                 continue
             try:
-                socket.send_fds(self.sock, [b"S" + SEGMENT.pack(seg, size)], [fd])
+                socket.send_fds(self.sock, [Op.SEGMENT + SEGMENT.pack(seg, size)], [fd])
             except OSError:
                 raise self._death() from None
             self._segments.add(seg)
@@ -637,13 +637,13 @@ class RemoteKernel:
         return rc
 
     def __call__(self, packed: Packed, stream: int | None = None) -> int:
-        return self._timed(b"C" + CALL.pack(self._register(packed)))
+        return self._timed(Op.CALL + CALL.pack(self._register(packed)))
 
     def capture(self, packs: list[Packed]) -> int:
         """CUDA: a graph of one call per pack, in order, kept by the host; its id."""
         ids = [self._register(p) for p in packs]
         self.before_send()
-        self._send(b"G" + CALL.pack(len(ids)) + struct.pack(f"<{len(ids)}I", *ids))
+        self._send(Op.CAPTURE + CALL.pack(len(ids)) + struct.pack(f"<{len(ids)}I", *ids))
         rc, graph = self._reply(fatal=False)
         if rc:
             raise KernelFailure(f"{self.role}: {error_message(rc)} during graph capture")
@@ -651,11 +651,11 @@ class RemoteKernel:
 
     def replay(self, graph: int) -> None:
         """CUDA: launch a captured graph once and wait for it (last_ns: the host's event reading)."""
-        self._timed(b"R" + CALL.pack(graph))
+        self._timed(Op.REPLAY + CALL.pack(graph))
 
     def burst(self, packed: Packed, count: int) -> int:
         """CUDA: `count` calls back to back, then the host waits for its whole context."""
-        return self._timed(b"H" + BURST.pack(self._register(packed), count))
+        return self._timed(Op.BURST + BURST.pack(self._register(packed), count))
 
     def tasks(self) -> int:
         try:
@@ -678,7 +678,7 @@ class RemoteKernel:
     def ping(self) -> float:
         """One no-op round trip, in microseconds (CUDA: two events on the host's stream and a wait)."""
         t0 = time.perf_counter_ns()
-        self._send(b"N")
+        self._send(Op.NOOP)
         self._reply()
         return (time.perf_counter_ns() - t0) / 1e3
 

@@ -21,12 +21,12 @@ from typing import Literal
 
 from pydantic import ValidationError
 
+from containment import jail
 from gpu_worker import sanitizer, spawn, static_checks
 from gpu_worker.device import cpu_name
 from gpu_worker.protocol import PROGRESS_PREFIX, HarnessJob, host_death, new_key
 from gpu_worker.sandbox import FSIZE_LIMIT, SIGSYS_REASON
 from gpu_worker.spawn import HEARTBEAT_S, Heartbeat, Outcome  # noqa: F401 - HEARTBEAT_S: tests tune it
-from kopt import jail
 from kopt.models import ExecRequest, KernelSpec, Partial, ProfileResult, TestResult, Tolerance
 from kopt.redact import redact, redact_lines
 

@@ -1,11 +1,11 @@
 """Limits the harness child puts on itself before it loads candidate code (no torch here).
 
-The child already runs inside its jail (kopt/jail.py: namespaces, a read-only view of the host,
+The child already runs inside its jail (containment/jail.py: namespaces, a read-only view of the host,
 an unprivileged uid, hard rlimits, a minimal environment). Here, once torch and the device are set
 up and before the first library loads:
 - RLIMIT_AS (hard) on the CPU target: the current size plus the job's headroom (CUDA reserves huge
   virtual ranges, so on CUDA the jail's process cap and the device are the bounds);
-- the seccomp allow-list of kopt/seccomp.py ("harness" profile): no fork or exec, no ptrace, no
+- the seccomp allow-list of containment/seccomp.py ("harness" profile): no fork or exec, no ptrace, no
   io_uring, no mounts or namespaces, signals only to itself, rlimits never raised, sockets only
   AF_UNIX. A forbidden call kills the process (SIGSYS) or fails with EPERM.
 Where seccomp cannot be installed, the notes say so and the parent reports any process that
@@ -17,7 +17,7 @@ from __future__ import annotations
 import resource
 import signal
 
-from kopt import seccomp
+from containment import seccomp
 
 FSIZE_LIMIT = 64 << 20
 SIGSYS_REASON = seccomp.KILLED_REASON

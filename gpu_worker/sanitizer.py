@@ -18,9 +18,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from containment.build import find_nvcc
 from gpu_worker import plan, spawn
 from gpu_worker.protocol import HarnessJob, new_key
-from kopt.build import find_nvcc
 from kopt.models import ExecRequest, Shape
 
 ERROR_EXIT = 86
@@ -50,7 +50,7 @@ def class_shapes(job: HarnessJob) -> list[Shape]:
 
 def sanitizer_job(job: HarnessJob, tool: str = "memcheck") -> HarnessJob:
     """The sanitizer's job: one shape per class (with variants), one trial, no baseline, no seccomp
-    inside (the tool forks and execs; the jail and its tool profile hold it: kopt/jail.py).
+    inside (the tool forks and execs; the jail and its tool profile hold it: containment/jail.py).
     racecheck tracks every shared-memory access (minutes on a serving-size shape) and shared-memory
     races do not depend on the size class: it gets the declared test shapes only. Neither runs the update
     and burst sequences (a hundred calls of one shape, minutes under the tool, nothing new to see)."""

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from containment import jail
+from containment.procs import kill_group
 from gpu_worker.protocol import FrameReader, HarnessJob, arena_bytes, encode_stdin
-from kopt import jail
-from kopt.procs import kill_group
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HEARTBEAT_S = 5.0

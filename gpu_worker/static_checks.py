@@ -44,7 +44,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from kopt import build
+from containment import build
 
 ALLOWED_INCLUDES, ALLOWED_INCLUDE_PREFIXES = build.ALLOWED_INCLUDES, build.ALLOWED_INCLUDE_PREFIXES
 

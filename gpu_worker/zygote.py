@@ -21,7 +21,7 @@ import socket
 import sys
 import traceback
 
-from kopt import jail
+from containment import jail
 
 PR_SET_PDEATHSIG = 1
 
@@ -63,7 +63,7 @@ def _die_with_parent(zygote: int) -> None:
 
 
 def _contain(spec: str) -> None:
-    """Enter the job's jail (kopt.jail) before anything of the job is read; this process becomes
+    """Enter the job's jail (containment.jail) before anything of the job is read; this process becomes
     the jail's supervisor and only the contained process returns. No jail, no job: unless the user
     allowed it (KOPT_ALLOW_UNSANDBOXED=1, carried in the empty spec), the child exits with
     jail.SETUP_FAILED and the reason on its stderr."""

@@ -1,5 +1,6 @@
-"""`python -m kopt ...`: the `kopt` command (kopt/app/cli.py)."""
+"""`python -m kopt ...`: the `kopt` command (frontend/cli.py). The one module of kopt/ that imports
+from above: an entry point, not a contract (tests/test_layers.py names it)."""
 
-from kopt.app.cli import entry
+from frontend.cli import entry
 
 entry()

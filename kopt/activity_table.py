@@ -1,7 +1,7 @@
 """Every activity of an optimization run, in one table: name, request and result types, task queue,
 timeouts and retry policy. The workflow calls through it (workflows/optimize.py), the workers register
-their implementations by its names (kopt/app/workers.py checks none is missing or extra), and history
-decodes each call's payloads with its types (kopt/app/history.py).
+their implementations by its names (frontend/workers.py checks none is missing or extra), and history
+decodes each call's payloads with its types (frontend/history.py).
 
 Activity ids name where a call belongs: ``r<round>.s<slot>.<name>.<n>`` (n counts calls in the run,
 so every id is unique). Round 0 is the test design and the baseline; slot is the candidate's place in

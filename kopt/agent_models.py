@@ -156,23 +156,6 @@ class LLMCall(BaseModel):
     activity_attempt: int = 1  # Temporal's attempt of the agent activity that made the call
 
 
-class UsageSummary(BaseModel):
-    calls: int
-    prompt_tokens: int
-    completion_tokens: int
-    cost_usd: float | None  # None if any call was unpriced
-
-
-def summarize(calls: list[LLMCall]) -> UsageSummary:
-    costs = [c.cost_usd for c in calls]
-    return UsageSummary(
-        calls=len(calls),
-        prompt_tokens=sum(c.usage.prompt_tokens for c in calls),
-        completion_tokens=sum(c.usage.completion_tokens for c in calls),
-        cost_usd=None if any(c is None for c in costs) else sum(costs),  # type: ignore[arg-type]
-    )
-
-
 # ---------------------------------------------------------------- role outputs
 
 

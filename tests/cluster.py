@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from kopt.app.server import DevServer, free_port, start_dev_server
+from frontend.server import DevServer, free_port, start_dev_server
 from tests.conftest import REPO
 
 WORKER_ARGS = {
@@ -54,7 +54,7 @@ class Cluster:
     def start_worker(self, role: str) -> None:
         log = open(self.logs / f"{role}.log", "ab")
         self.workers[role] = subprocess.Popen(
-            [sys.executable, "-m", "kopt.app.cli", "worker", *self.worker_args[role]], cwd=REPO, env=self.env(),
+            [sys.executable, "-m", "frontend.cli", "worker", *self.worker_args[role]], cwd=REPO, env=self.env(),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 

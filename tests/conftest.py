@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 def compile_all(target: str, sources: dict[str, Path], out: Path, flags: list[str] | None = None) -> dict[str, Path]:
     """Each source compiled in parallel to out/NAME.so with kopt's compile command (flags: -O2); the
     test is skipped where the target has no compiler, and fails on the first source that does not build."""
-    from kopt.build import compile_command, detect_toolchain
+    from containment.build import compile_command, detect_toolchain
 
     tc = detect_toolchain(target)
     if tc is None:
@@ -56,7 +56,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def temporal_server(tmp_path_factory):
-    from kopt.app.server import start_dev_server
+    from frontend.server import start_dev_server
 
     db = tmp_path_factory.mktemp("temporal") / "temporal.db"
     server = start_dev_server(db, port=0, ui_port=0, headless=True)
@@ -85,8 +85,8 @@ def kopt_env(home: Path, **extra: str) -> dict[str, str]:
 async def cpu_cluster(address: str, settings) -> AsyncIterator:
     """A client of the server at `address`, with in-process workers of every role for the CPU
     target polling while the block runs."""
-    from kopt.app.client import connect
-    from kopt.app.workers import WorkerPlan, running_workers, toolchains_for
+    from frontend.client import connect
+    from frontend.workers import WorkerPlan, running_workers, toolchains_for
 
     client = await connect(address, settings)
     plan = WorkerPlan(roles=("workflows", "agents", "build", "exec"), toolchains=toolchains_for(["cpu"]),

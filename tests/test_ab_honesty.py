@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from containment.build import compile_command, detect_toolchain
 from gpu_worker import runner
-from kopt.build import compile_command, detect_toolchain
 from kopt.models import ArtifactRef, ExecRequest, PackageRef
 from kopt.package import load_spec
 

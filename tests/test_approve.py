@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 
+from frontend.inspect import approve, status
+from frontend.runs import prepare_request
 from kopt import queues
 from kopt.errors import UsageError
-from kopt.app.inspect import approve, status
 from kopt.run_models import OptimizeResult, Progress
-from kopt.app.runs import prepare_request
 from kopt.settings import Settings
 from tests.conftest import REPO, cpu_cluster
 

@@ -7,7 +7,7 @@ import ctypes
 
 import pytest
 
-from kopt import build
+from containment import build
 from kopt.package import apply_tunables, load_spec
 from tests.conftest import REPO
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 
+from frontend.inspect import cancel
+from frontend.runs import prepare_request
 from kopt import queues
-from kopt.app.inspect import cancel
 from kopt.run_models import ActivityTimeouts
-from kopt.app.runs import prepare_request
 from kopt.settings import Settings
 from tests.conftest import REPO, cpu_cluster
 

@@ -17,7 +17,7 @@ SILU = REPO / "kernels" / "silu_and_mul"
 
 
 def kopt(args, home, timeout=600):
-    return subprocess.run([sys.executable, "-m", "kopt.app.cli", *args], cwd=REPO, env=kopt_env(home),
+    return subprocess.run([sys.executable, "-m", "frontend.cli", *args], cwd=REPO, env=kopt_env(home),
                           capture_output=True, text=True, timeout=timeout)
 
 

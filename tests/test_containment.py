@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
+from containment import build, jail
+from containment.build import compile_command, detect_toolchain
 from gpu_worker import runner, spawn
-from kopt import build, jail
-from kopt.build import compile_command, detect_toolchain
 from kopt.models import ArtifactRef, ExecRequest, PackageRef
 from kopt.package import load_spec
 

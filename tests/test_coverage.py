@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from frontend.evaluate import evaluate
+from frontend.verify import verify
 from gpu_worker import fuzz, plan, runner, sanitizer
 from gpu_worker.cases import Case, Refresher, generate, poison_mask
 from gpu_worker.context import load_reference
 from gpu_worker.correctness import CHANGES, REPEAT_CALLS, changed, sequence_plan
-from kopt.app.evaluate import evaluate
-from kopt.app.verify import verify
 from kopt.models import ArtifactRef, ExecRequest, PackageRef
 from kopt.package import PackageError, load_spec, symbol_range
 from tests.conftest import compile_all

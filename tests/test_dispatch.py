@@ -11,9 +11,9 @@ import uuid
 import pytest
 import torch
 
+from frontend.report import build_report, render_markdown
+from frontend.runs import prepare_request
 from kopt import queues
-from kopt.app.report import build_report, render_markdown
-from kopt.app.runs import prepare_request
 from kopt.dispatch import bucket_labels, bucket_of, choose, edge_shapes, interior_shapes, specialized_source
 from kopt.models import Dispatch, KernelSpec, Shape, ShapeSpeedup
 from kopt.package import PackageError, load_spec, read_tunables

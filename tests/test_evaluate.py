@@ -1,4 +1,4 @@
-"""`kopt evaluate` (kopt/app/evaluate.py) on the CPU target: verdicts, JSON shape, exit codes."""
+"""`kopt evaluate` (frontend/evaluate.py) on the CPU target: verdicts, JSON shape, exit codes."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kopt.build import detect_toolchain
-from kopt.app.evaluate import EXIT_OK, EXIT_REJECTED, EXIT_USAGE, evaluate
+from containment.build import detect_toolchain
+from frontend import exits
+from frontend.evaluate import evaluate
 
 TESTS = Path(__file__).resolve().parent
 SCALE2 = TESTS / "fixtures" / "scale2"
@@ -26,7 +27,7 @@ def run(candidate: Path, as_json: bool = True, kernel_dir: Path = SCALE2, target
 
 def test_the_baseline_as_candidate_is_correct_and_even():
     code, out, _ = run(SCALE2 / "kernel.cpp")
-    assert code == EXIT_OK
+    assert code == exits.OK
     verdict = json.loads(out)
     assert verdict["correct"] is True and verdict["reason"] is None
     assert [(s["shape"], s["dtype"]) for s in verdict["per_shape"]] == [("N=65536", "float32"), ("N=65536", "float16")]
@@ -42,7 +43,7 @@ def test_the_baseline_as_candidate_is_correct_and_even():
 
 def test_a_less_accurate_candidate_is_rejected_by_the_calibrated_bound():
     code, out, _ = run(TESTS / "cheats" / "cpu" / "scale2_low_bits.cpp")
-    assert code == EXIT_REJECTED
+    assert code == exits.FAILED
     verdict = json.loads(out)
     assert verdict["correct"] is False and "calibrated bound" in verdict["reason"]
     assert verdict["speedup_geomean"] is None and verdict["per_shape"] == []
@@ -50,18 +51,18 @@ def test_a_less_accurate_candidate_is_rejected_by_the_calibrated_bound():
 
 def test_static_violations_and_compile_errors_are_rejections(tmp_path):
     code, out, _ = run(TESTS / "fixtures" / "wrong" / "exits.cpp")
-    assert code == EXIT_REJECTED
+    assert code == exits.FAILED
     verdict = json.loads(out)
     assert verdict["reason"].startswith("static check: ") and verdict["static_violations"]
     broken = tmp_path / "broken.cpp"
     broken.write_text("this is not C++\n")
     code, out, _ = run(broken)
-    assert code == EXIT_REJECTED and json.loads(out)["reason"].startswith("compile error")
+    assert code == exits.FAILED and json.loads(out)["reason"].startswith("compile error")
 
 
 def test_human_readable_verdict():
     code, out, err = run(SCALE2 / "kernel.cpp", as_json=False)
-    assert code == EXIT_OK
+    assert code == exits.OK
     assert "correct:" in out and "geomean speedup" in out and "95% CI" in out
     assert "building baseline and candidate" in err
 
@@ -77,4 +78,4 @@ def test_human_readable_verdict():
 )
 def test_usage_errors_exit_2(kernel_dir, candidate, target, message):
     code, out, err = run(candidate, kernel_dir=kernel_dir, target=target)
-    assert code == EXIT_USAGE and out == "" and message in err
+    assert code == exits.USAGE and out == "" and message in err

@@ -28,11 +28,12 @@ from pathlib import Path
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 
-from kopt import build, queues
-from kopt.app.client import connect
-from kopt.app.history import RunView, load_run
+from containment import build
+from frontend.client import connect
+from frontend.history import RunView, load_run
+from frontend.runs import prepare_request
+from kopt import queues
 from kopt.run_models import ActivityTimeouts, OptimizeRequest, OptimizeResult
-from kopt.app.runs import prepare_request
 from kopt.settings import Settings
 from tests.cluster import WORKER_ARGS, Cluster
 from tests.conftest import REPO

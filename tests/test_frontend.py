@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kopt.app.server import ServerError, attach, ephemeral_ports, free_port, read_record
+from frontend.server import ServerError, attach, ephemeral_ports, free_port, read_record
 from kopt.settings import Settings
 from tests.conftest import QUICK, REPO, kopt_env
 
@@ -22,7 +22,7 @@ KNOBS = REPO / "tests" / "fixtures" / "knobs"  # a tiny package: these runs are 
 
 
 def kopt(args, home, timeout=300, **env):
-    return subprocess.run([sys.executable, "-m", "kopt.app.cli", *args], cwd=REPO, env=kopt_env(home, **env),
+    return subprocess.run([sys.executable, "-m", "frontend.cli", *args], cwd=REPO, env=kopt_env(home, **env),
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
 
@@ -90,7 +90,7 @@ def test_a_stale_record_is_replaced_and_server_stop_respects_users(tmp_path):
 
 
 def _start_optimize(home: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kopt.app.cli", "optimize", str(KNOBS), "--rounds", "3", *QUICK,
+    return subprocess.Popen([sys.executable, "-m", "frontend.cli", "optimize", str(KNOBS), "--rounds", "3", *QUICK,
                              "--report-dir", str(home / "report"), *extra], cwd=REPO, env=kopt_env(home),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
@@ -197,7 +197,7 @@ def test_openai_base_url_is_the_fallback_for_kopt_openai_base_url(monkeypatch):
 
 def test_the_foreground_server_exits_when_its_server_is_stopped(tmp_path):
     home = tmp_path / "home"
-    fg = subprocess.Popen([sys.executable, "-m", "kopt.app.cli", "server"], cwd=REPO, env=kopt_env(home),
+    fg = subprocess.Popen([sys.executable, "-m", "frontend.cli", "server"], cwd=REPO, env=kopt_env(home),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert "Temporal dev server at 127.0.0.1:" in fg.stdout.readline()

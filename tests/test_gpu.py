@@ -28,7 +28,7 @@ def test_optimize_cuda_end_to_end(tmp_path):
     gpu_class = _local_class()
     reports = tmp_path / "report"
     proc = subprocess.run(
-        [sys.executable, "-m", "kopt.app.cli", "optimize", str(SILU), "--target", "cuda", "--gpu-class", gpu_class,
+        [sys.executable, "-m", "frontend.cli", "optimize", str(SILU), "--target", "cuda", "--gpu-class", gpu_class,
          "--rounds", "2", "--report-dir", str(reports)],
         cwd=REPO, env=kopt_env(tmp_path / "home"), capture_output=True, text=True, timeout=900,
     )
@@ -44,7 +44,7 @@ def test_optimize_cuda_end_to_end(tmp_path):
     # The best as a torch op on the GPU: exported, built (ninja, nvcc), checked against the reference
     # at every test shape and dtype, eagerly and under torch.compile; a wrong kernel in it is caught.
     folder = tmp_path / "op"
-    export = subprocess.run([sys.executable, "-m", "kopt.app.cli", "export", report["run_id"], "--torch-op",
+    export = subprocess.run([sys.executable, "-m", "frontend.cli", "export", report["run_id"], "--torch-op",
                              str(folder)], cwd=REPO, env=kopt_env(tmp_path / "home"), capture_output=True,
                             text=True, timeout=300)  # fmt: skip
     assert export.returncode == 0, export.stderr

@@ -10,10 +10,10 @@ import uuid
 
 import pytest
 
+from frontend.history import load_run
+from frontend.report import build_report, render_markdown
+from frontend.runs import prepare_request
 from kopt import queues
-from kopt.app.history import load_run
-from kopt.app.report import build_report, render_markdown
-from kopt.app.runs import prepare_request
 from kopt.holdout import holdout_shapes
 from kopt.models import Shape
 from kopt.package import load_spec

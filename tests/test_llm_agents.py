@@ -24,6 +24,7 @@ from temporalio.worker import Worker
 pytest.importorskip("openai")  # the GPU image has no openai client; CI has
 
 from agents import llm, roles  # noqa: E402
+from frontend.client import connect
 from kopt.agent_models import (
     AgentCodeRequest,
     AgentPlanRequest,
@@ -38,12 +39,9 @@ from kopt.agent_models import (
     TestDesignRequest,
     repair_request,
     shape_symbols,
-    summarize,
     validate_shapes,
 )
 from kopt.artifacts import ArtifactStore
-from kopt.app.client import connect
-from kopt.settings import Settings
 from kopt.candidates import candidate_id, unified_diff
 from kopt.llm_settings import LLMSettings, llm_config
 from kopt.models import (
@@ -60,6 +58,7 @@ from kopt.models import (
 )
 from kopt.package import load_spec, read_tunables
 from kopt.plan_history import compact_history
+from kopt.settings import Settings
 from tests.conftest import REPO
 from tests.fake_openai import Delay, FakeOpenAI, Reply, Status
 
@@ -298,9 +297,8 @@ def test_malformed_json_is_repaired_once(pkg, best):
     assert repair_msgs[:2] == srv.requests[0].messages
     assert repair_msgs[2] == {"role": "assistant", "content": broken}
     assert repair_msgs[3]["role"] == "user" and "not valid JSON" in repair_msgs[3]["content"]
-    total = summarize(calls)
-    assert (total.calls, total.prompt_tokens, total.completion_tokens) == (2, 1200, 310)
-    assert total.cost_usd == pytest.approx((1200 * 3.0 + 310 * 15.0) / 1e6)
+    assert (sum(c.usage.prompt_tokens for c in calls), sum(c.usage.completion_tokens for c in calls)) == (1200, 310)
+    assert sum(c.cost_usd for c in calls) == pytest.approx((1200 * 3.0 + 310 * 15.0) / 1e6)
 
 
 def test_schema_error_is_sent_back(pkg, best):
@@ -329,7 +327,7 @@ def test_malformed_twice_is_retryable_output_invalid(pkg, best):
     assert "source: Field required" in err.message
     calls = [LLMCall.model_validate(d) for d in err.details]  # the audit records ride along into history
     assert [c.attempt for c in calls] == [1, 2] and all(c.error for c in calls)
-    assert summarize(calls).prompt_tokens == 200
+    assert sum(c.usage.prompt_tokens for c in calls) == 200
 
 
 def test_coder_must_keep_the_tunable_defines(pkg, best):
@@ -371,7 +369,7 @@ def test_server_error_is_retryable(pkg, best):
         err = failure(roles.plan(plan_request(pkg, best, srv)))
         err503 = failure(roles.plan(plan_request(pkg, best, srv)))
     assert err.type == "LLMServerError" and not err.non_retryable
-    assert 0.5 <= err.next_retry_delay.total_seconds() <= 1.0  # first attempt: 1 s of backoff, jittered
+    assert err.next_retry_delay is None  # no Retry-After: the activity's retry policy says when
     assert err503.next_retry_delay == timedelta(seconds=2)
     assert len(srv.requests) == 2
 
@@ -547,6 +545,12 @@ def test_retry_after_parsing():
 def test_status_mapping(status, retryable, kind):
     err = llm.http_error(status, detail="d", retry_after=None, cfg=LLMConfig(), role="planner", model="m")
     assert (not err.non_retryable, err.type) == (retryable, kind)
+    assert err.next_retry_delay is None  # when to retry is the activity's retry policy
+
+
+def test_only_a_servers_retry_after_overrides_the_retry_policy():
+    err = llm.http_error(429, detail="d", retry_after=7.5, cfg=LLMConfig(), role="planner", model="m")
+    assert err.next_retry_delay == timedelta(seconds=7.5) and "retry after 7.5s" in err.message
 
 
 def test_small_helpers():
@@ -658,3 +662,20 @@ def test_temporal_retries_after_the_servers_delay_heartbeats_and_stops_on_auth_e
     assert len(srv.requests) == 3  # one 401, no retry
     for h in (history, failed_history):
         assert KEY not in h.to_json()
+
+
+def test_connect_gives_up_at_once_on_an_address_no_wait_can_fix():
+    """Only a server still starting is waited for; a malformed address fails in well under a second."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from frontend.client import connect, warming_up
+    from kopt.settings import Settings
+
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="cannot connect to Temporal at localhost:99999"):
+        asyncio.run(connect("localhost:99999", Settings()))
+    assert time.monotonic() - start < 2.0
+    assert warming_up(RuntimeError("Failed client connect: Server connection error: tcp connect error"))
+    assert warming_up(RPCError("x", RPCStatusCode.UNAVAILABLE, b""))
+    assert not warming_up(RPCError("x", RPCStatusCode.PERMISSION_DENIED, b""))
+    assert not warming_up(RuntimeError("something else"))

@@ -145,8 +145,8 @@ def test_status_shows_the_wait_for_the_endpoint_while_it_is_down(temporal_server
     import io
     import uuid
 
+    from frontend import inspect
     from kopt import queues
-    from kopt.app import inspect
     from kopt.run_models import OptimizeResult
     from tests.conftest import cpu_cluster
 
@@ -194,9 +194,9 @@ def test_resume_continues_from_the_last_finished_round_without_paying_again(temp
     request reaches the server), the coder is asked again, and round 3 follows."""
     import asyncio
 
+    from frontend.runs import resume_point
     from kopt import queues
     from kopt.run_models import OptimizeResult
-    from kopt.app.runs import resume_point
     from tests.conftest import cpu_cluster
 
     round2 = [diagnosis(), plan(4, "REPEAT 8 -> 4")]

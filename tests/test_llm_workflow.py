@@ -2,7 +2,7 @@
 for every role, the real `openai` client talking to a scripted server on 127.0.0.1
 (tests/fake_openai.py), and the CPU fixture package tests/fixtures/repeat.
 
-Every run is checked from workflow history (kopt.app.history.load_run: activities, task queues, each
+Every run is checked from workflow history (frontend.history.load_run: activities, task queues, each
 round's LLM calls with their prompts and responses, attempts) and from the report. The module
 shares one KOPT_HOME, so the content-addressed compile and evaluation caches make repeated
 candidates cheap; the scripted coder writes the same sources in different tests on purpose.
@@ -23,13 +23,13 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowHistory
 
+from frontend.cli import _parser
+from frontend.history import ActivityCall, RunView, activity_calls, load_run
+from frontend.report import build_report, render_markdown
+from frontend.runs import apply_run_options, prepare_request
 from kopt import queues
 from kopt.agent_models import LLMCall
-from kopt.app.cli import _parser
-from kopt.app.history import ActivityCall, RunView, activity_calls, load_run
-from kopt.app.report import build_report, render_markdown
 from kopt.run_models import OptimizeRequest, OptimizeResult
-from kopt.app.runs import apply_run_options, prepare_request
 from kopt.settings import Settings
 from tests.conftest import QUICK, REPO, cpu_cluster, kopt_env
 from tests.fake_openai import Delay, FakeOpenAI, Received, Reply, Status
@@ -536,7 +536,7 @@ def test_cli_optimize_with_the_openai_provider(settings, tmp_path):
         env = kopt_env(settings.home, KOPT_OPENAI_BASE_URL=srv.base_url, KOPT_OPENAI_API_KEY_ENV=KEY_ENV,
                        KOPT_OPENAI_TIMEOUT_S="5", KOPT_OPENAI_PRICES=json.dumps(PRICES))
         env[KEY_ENV] = KEY
-        proc = subprocess.run([sys.executable, "-m", "kopt.app.cli", "optimize", str(FIXTURE), "--provider", "openai",
+        proc = subprocess.run([sys.executable, "-m", "frontend.cli", "optimize", str(FIXTURE), "--provider", "openai",
                                "--model", MODEL, "--rounds", "1", "--seed", str(SEED), "--report-dir", str(reports)],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr

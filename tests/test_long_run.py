@@ -17,11 +17,11 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from frontend.history import activity_calls, segments
+from frontend.runs import prepare_request
 from kopt import queues
-from kopt.app.history import activity_calls, segments
 from kopt.plan_history import PLAN_WINDOW, config_key
 from kopt.run_models import OptimizeResult
-from kopt.app.runs import prepare_request
 from kopt.settings import Settings
 from tests.conftest import REPO, cpu_cluster
 from workflows.optimize import OptimizeKernel

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from containment.build import compile_command, detect_toolchain, find_nvcc
 from gpu_worker import runner
-from kopt.build import compile_command, detect_toolchain, find_nvcc
 from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef
 from kopt.package import apply_tunables, load_spec
 
@@ -110,7 +110,7 @@ def test_residual_is_bit_exact(libs):
     """The harness compares with tolerances; the residual must match the reference bit for bit."""
     import torch
 
-    from gpu_worker.harness import Kernel, Packed
+    from gpu_worker.abi import Kernel, Packed
 
     ref = _reference(RMSNORM)
     kernel = Kernel(str(libs["fused_add_rmsnorm"]), "kopt_fused_add_rmsnorm", None)

@@ -18,9 +18,9 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.execution import ExecActivities
+from containment.build import compile_command, detect_toolchain
 from gpu_worker import runner
 from kopt.artifacts import ArtifactStore
-from kopt.build import compile_command, detect_toolchain
 from kopt.models import ExecProgress, ExecRequest, PackageRef, Partial, Shape
 from kopt.package import load_spec
 

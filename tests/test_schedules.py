@@ -13,8 +13,8 @@ from datetime import timedelta
 import pytest
 from temporalio.client import ScheduleOverlapPolicy
 
+from frontend.runs import prepare_request
 from kopt import queues
-from kopt.app.runs import prepare_request
 from kopt.run_models import OptimizeResult, ReverifyResult
 from kopt.settings import Settings
 from tests.conftest import REPO, cpu_cluster, kopt_env

@@ -10,9 +10,9 @@ import uuid
 
 import pytest
 
+from frontend.report import build_report, render_markdown
+from frontend.runs import prepare_request
 from kopt import queues
-from kopt.app.report import build_report, render_markdown
-from kopt.app.runs import prepare_request
 from kopt.models import ABResult, ProfileResult, ShapeAB
 from kopt.run_models import OptimizeResult
 from kopt.settings import Settings

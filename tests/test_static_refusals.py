@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from containment import build
 from gpu_worker import runner, static_checks
-from kopt import build
 from kopt.models import ArtifactRef, ExecRequest, PackageRef
 from kopt.package import load_spec
 from tests.conftest import REPO, compile_all

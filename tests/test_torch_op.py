@@ -12,10 +12,10 @@ import uuid
 
 import pytest
 
+from frontend.history import load_run
+from frontend.runs import prepare_request
+from frontend.torch_op import export_torch_op
 from kopt import queues
-from kopt.app.history import load_run
-from kopt.app.runs import prepare_request
-from kopt.app.torch_op import export_torch_op
 from kopt.artifacts import ArtifactStore
 from kopt.errors import UsageError
 from kopt.run_models import OptimizeResult

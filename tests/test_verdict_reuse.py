@@ -18,8 +18,8 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.execution import ExecActivities
-from kopt.app.history import RoundView, RunView
-from kopt.app.inspect import history_text
+from frontend.history import RoundView, RunView
+from frontend.inspect import history_text
 from kopt.artifacts import ArtifactStore
 from kopt.models import ExecRequest, PackageRef, ProfileResult, TestResult
 from kopt.package import load_spec

@@ -1,4 +1,4 @@
-"""`kopt verify` (kopt/app/verify.py), the CI gate, on the CPU target: one exit code per outcome and a
+"""`kopt verify` (frontend/verify.py), the CI gate, on the CPU target: one exit code per outcome and a
 JUnit report a CI system can read (parsed back here)."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kopt.app.evaluate import Judgement
-from kopt.app.verify import EXIT_BAD_INPUT, EXIT_INFRA, EXIT_PASS, EXIT_SLOWER, EXIT_WRONG, decide, junit, verify
-from kopt.build import detect_toolchain
+from containment.build import detect_toolchain
+from frontend import exits
+from frontend.evaluate import Judgement
+from frontend.verify import decide, junit, verify
 from tests.conftest import REPO, kopt_env
 
 SCALE2 = REPO / "tests" / "fixtures" / "scale2"
@@ -58,7 +59,7 @@ def wrong_copy(tmp: Path) -> Path:
 @pytest.mark.serial
 def test_a_correct_candidate_passes_with_a_testcase_per_check_and_per_timing(tmp_path):
     code, out, junit, js = gate(tmp_path, SCALE2 / "kernel.cpp")
-    assert code == EXIT_PASS, out
+    assert code == exits.OK, out
     suite, by = cases(junit)
     assert suite.get("failures") == suite.get("errors") == "0"
     timings = [k for k in by if k.startswith("timing/")]
@@ -66,25 +67,25 @@ def test_a_correct_candidate_passes_with_a_testcase_per_check_and_per_timing(tmp
     assert "speedup" in by[timings[0]].find("system-out").text and "95% CI" in by[timings[0]].find("system-out").text
     assert sum(k.startswith("correctness/") for k in by) >= 4 and "build/candidate" in by
     verdict = json.loads(js.read_text())
-    assert verdict["exit_code"] == EXIT_PASS and verdict["regressions"] == [] and verdict["correct"]
+    assert verdict["exit_code"] == exits.OK and verdict["regressions"] == [] and verdict["correct"]
 
 
 def test_a_wrong_candidate_exits_1_and_names_the_failed_check(tmp_path):
     code, out, junit, js = gate(tmp_path, wrong_copy(tmp_path))
-    assert code == EXIT_WRONG and "rejected:" in out
+    assert code == exits.FAILED and "rejected:" in out
     suite, by = cases(junit)
     failed = [k for k, c in by.items() if c.find("failure") is not None]
     assert failed and all(k.startswith("correctness/") for k in failed), failed
     assert "mismatch" in by[failed[0]].find("failure").get("message")
     assert not [k for k in by if k.startswith("timing/")]  # a wrong kernel is not timed
-    assert json.loads(js.read_text())["exit_code"] == EXIT_WRONG
+    assert json.loads(js.read_text())["exit_code"] == exits.FAILED
 
 
 @pytest.mark.serial
 def test_a_slower_candidate_exits_3_with_the_slow_shapes_failed(tmp_path):
     # The same source, built without optimization: correct, several times slower.
     code, out, junit, js = gate(tmp_path, SCALE2 / "kernel.cpp", flags=["-O0"])
-    assert code == EXIT_SLOWER, out
+    assert code == exits.SLOWER, out
     suite, by = cases(junit)
     failed = sorted(k for k, c in by.items() if c.find("failure") is not None)
     regress = json.loads(js.read_text())["regressions"]
@@ -94,7 +95,7 @@ def test_a_slower_candidate_exits_3_with_the_slow_shapes_failed(tmp_path):
         assert r["speedup_ci"][1] < 1 / 1.02
     # The same slowdown is allowed when the gate is told to tolerate it.
     code, _, _, _ = gate(tmp_path, SCALE2 / "kernel.cpp", flags=["-O0"], max_slowdown=50.0)
-    assert code == EXIT_PASS
+    assert code == exits.OK
 
 
 def _timed(speedup: float, ci: list[float], noise_floor: float | None) -> Judgement:
@@ -111,24 +112,24 @@ def test_an_offset_inside_the_noise_floor_is_not_a_regression():
     CUDA floor (0.5 %), or from a verdict that names no floor, the same interval fails the default 2 %;
     beyond the CPU floor a slowdown fails on CPU too, and JUnit names the limit that applied."""
     aa = ([0.970, 0.979], 0.974)
-    assert decide(_timed(aa[1], aa[0], 0.04), 0.02)[0] == EXIT_PASS
+    assert decide(_timed(aa[1], aa[0], 0.04), 0.02)[0] == exits.OK
     for floor in (0.005, None):
         code, summary = decide(_timed(aa[1], aa[0], floor), 0.02)
-        assert code == EXIT_SLOWER and "interval below 0.980x" in summary, summary
+        assert code == exits.SLOWER and "interval below 0.980x" in summary, summary
     code, summary = decide(_timed(0.95, [0.94, 0.955], 0.04), 0.02)
-    assert code == EXIT_SLOWER and "interval below 0.960x" in summary, summary
+    assert code == exits.SLOWER and "interval below 0.960x" in summary, summary
     report = junit(_timed(0.95, [0.94, 0.955], 0.04), code, summary, "scale2", "cpu", 0.02, 1.0).getroot()
     (timing,) = [c for c in report.iter("testcase") if c.get("classname").endswith(".timing")]
     assert "limit 0.960" in timing.find("failure").get("message")
     # A wider allowance than the floor is the allowance.
-    assert decide(_timed(0.95, [0.94, 0.955], 0.04), 0.1)[0] == EXIT_PASS
+    assert decide(_timed(0.95, [0.94, 0.955], 0.04), 0.1)[0] == exits.OK
 
 
 def test_a_broken_baseline_is_infrastructure_not_the_candidates_fault(tmp_path):
     broken = tmp_path / "main.cpp"
     broken.write_text((SCALE2 / "kernel.cpp").read_text().replace("#include", "#inclde", 1))
     code, out, junit, js = gate(tmp_path, SCALE2 / "kernel.cpp", baseline=broken)
-    assert code == EXIT_INFRA and "the baseline itself fails" in out
+    assert code == exits.INFRA and "the baseline itself fails" in out
     suite, by = cases(junit)
     assert by["build/baseline"].find("error") is not None and by["build/candidate"].find("skipped") is not None
 
@@ -144,7 +145,7 @@ def test_bad_input_exits_2_in_one_line_through_the_cli(tmp_path):
                          (["--candidate", str(SCALE2 / "kernel.cpp"), "--junit", str(tmp_path / "no" / "j.xml")],
                           "directory does not exist")):  # fmt: skip
         proc = cli(*args)
-        assert proc.returncode == EXIT_BAD_INPUT, (args, proc.stderr)
+        assert proc.returncode == exits.USAGE, (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, proc.stderr
     assert not (tmp_path / "home" / "temporal.db").exists()  # no server for a gate
 
@@ -166,11 +167,11 @@ def test_the_gate_on_cuda_passes_the_baseline_and_fails_a_wrong_kernel(tmp_path)
         return proc, junit, json.loads(js.read_text())
 
     proc, junit, verdict = cli(silu / "kernel.cu", "same")
-    assert proc.returncode == EXIT_PASS, proc.stdout + proc.stderr[-3000:]
+    assert proc.returncode == exits.OK, proc.stdout + proc.stderr[-3000:]
     suite, by = cases(junit)
     timings = [k for k in by if k.startswith("timing/")]
     assert suite.get("failures") == suite.get("errors") == "0" and len(timings) >= 2
-    assert verdict["correct"] and verdict["exit_code"] == EXIT_PASS and verdict["target"] == "cuda"
+    assert verdict["correct"] and verdict["exit_code"] == exits.OK and verdict["target"] == "cuda"
     assert "H100" in verdict["device"] or "H200" in verdict["device"], verdict["device"]
     lo, hi = verdict["speedup_ci"]
     assert lo < 1.03 and hi > 0.97, verdict["speedup_ci"]  # itself: an interval about 1
@@ -181,7 +182,7 @@ def test_the_gate_on_cuda_passes_the_baseline_and_fails_a_wrong_kernel(tmp_path)
     wrong = tmp_path / "wrong.cu"
     wrong.write_text(src.replace(needle, "1.5f * " + needle))
     proc, junit, verdict = cli(wrong, "wrong")
-    assert proc.returncode == EXIT_WRONG and "rejected:" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert proc.returncode == exits.FAILED and "rejected:" in proc.stdout, proc.stdout + proc.stderr[-3000:]
     suite, by = cases(junit)
     failed = [k for k, c in by.items() if c.find("failure") is not None]
     assert failed and all(k.startswith("correctness/") for k in failed), failed
@@ -203,7 +204,7 @@ def test_a_candidate_that_wins_on_the_bench_shapes_and_loses_on_a_held_out_one_i
     out, err = io.StringIO(), io.StringIO()
     code = asyncio.run(verify(pkg, candidate, "cpu", junit_path=tmp_path / "j.xml", json_path=tmp_path / "v.json",
                               time_cap_s=0.2, out=out, err=err))  # fmt: skip
-    assert code == EXIT_SLOWER, out.getvalue()
+    assert code == exits.SLOWER, out.getvalue()
     assert "OVERFIT" in out.getvalue() and "held-out shape" in out.getvalue()
     record = json.loads((tmp_path / "v.json").read_text())
     assert record["holdout_shapes"] == ["N=8192"]
@@ -213,4 +214,4 @@ def test_a_candidate_that_wins_on_the_bench_shapes_and_loses_on_a_held_out_one_i
     assert by["timing/N=1024 float32"].find("failure") is None
     assert any(k.startswith("correctness/N=8192 float32") for k in by)  # tested there too, not only timed
     code = asyncio.run(verify(pkg, candidate, "cpu", time_cap_s=0.2, holdout=False, out=io.StringIO(), err=err))
-    assert code == EXIT_PASS
+    assert code == exits.OK

@@ -8,10 +8,10 @@ import uuid
 import pytest
 from temporalio.api.enums.v1 import EventType
 
+from frontend.history import load_run
+from frontend.runs import prepare_request
 from kopt import queues
-from kopt.app.history import load_run
 from kopt.run_models import OptimizeResult
-from kopt.app.runs import prepare_request
 from kopt.settings import Settings
 from tests.conftest import REPO, cpu_cluster
 

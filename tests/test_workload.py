@@ -11,9 +11,9 @@ import uuid
 import pytest
 import torch
 
+from frontend.runs import prepare_request
 from gpu_worker import stats
 from kopt import queues
-from kopt.app.runs import prepare_request
 from kopt.holdout import split_workload
 from kopt.package import load_spec
 from kopt.run_models import OptimizeResult

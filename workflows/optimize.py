@@ -665,7 +665,8 @@ class OptimizeKernel:
             opts["start_to_close_timeout"] = max(opts["start_to_close_timeout"], req.llm.activity_timeout())
         if not self._patient:
             return await workflow.execute_activity(name, arg, **opts)
-        # An unavailable endpoint is retried (jittered backoff, agents/llm.py) until the wall-time budget.
+        # An unavailable endpoint is retried (the patient retry policy, or the server's Retry-After) until the
+        # wall-time budget.
         left = None
         if req.budgets.max_wall_time_s is not None and self._started_at is not None:
             left = timedelta(seconds=max(req.budgets.max_wall_time_s - (workflow.now().timestamp() - self._started_at),

@@ -17,11 +17,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from frontend.history import segments  # noqa: E402
+from frontend.runs import prepare_request  # noqa: E402
+from frontend.server import start_dev_server  # noqa: E402
 from kopt import queues  # noqa: E402
-from kopt.app.history import segments  # noqa: E402
 from kopt.run_models import OptimizeResult  # noqa: E402
-from kopt.app.runs import prepare_request  # noqa: E402
-from kopt.app.server import start_dev_server  # noqa: E402
 from kopt.settings import Settings  # noqa: E402
 from tests.conftest import cpu_cluster  # noqa: E402
 

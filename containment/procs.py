@@ -1,4 +1,4 @@
-"""Process-group helpers shared by the compiler runs (kopt.build) and the harness children
+"""Process-group helpers shared by the compiler runs (containment.build) and the harness children
 (gpu_worker.spawn): both start their child in a new session so the whole group can be killed."""
 
 from __future__ import annotations

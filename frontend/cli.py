@@ -16,16 +16,16 @@ from pathlib import Path
 import structlog
 from pydantic import ValidationError
 
+from frontend import exits
+from frontend.server import ServerError
 from gpu_worker.protocol import TIME_CAP_S
-from kopt.agent_models import PROVIDERS
 from kopt import logs, queues
+from kopt.agent_models import PROVIDERS
 from kopt.errors import RunFailed, UsageError, failure_chain
-from kopt.app.server import ServerError
 from kopt.settings import Settings
 
 log = structlog.get_logger("kopt")
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 TARGETS = ("cpu", "cuda")
 OVERLAPS = ("skip", "buffer_one", "buffer_all", "cancel_other", "terminate_other", "allow_all")
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings()
     except ValidationError as exc:
         print(f"kopt: error: {setting_error(exc)}", file=sys.stderr)
-        return EXIT_USAGE
+        return exits.USAGE
     following = args.command in ("optimize", "resume")
     logs.configure(settings.log_format, "warning" if following else settings.log_level)
     if following:  # an agent attempt that failed is in the run's events and history: no traceback here
@@ -47,10 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(args.func(args, settings))
     except UsageError as exc:
         print(f"kopt: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exits.USAGE
     except RunFailed as exc:
         print(f"kopt: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return exits.FAILED
     except KeyboardInterrupt:
         how = signal.Signals(received[-1]).name if received else "interrupted"
         if following:
@@ -61,13 +61,13 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + (received[-1] if received else signal.SIGINT)
     except ServerError as exc:
         print(f"kopt: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return exits.FAILED
     except Exception as exc:  # noqa: BLE001 - infrastructure failure: one line, non-zero
         if type(exc).__name__ == "WorkflowFailureError":
             print(f"kopt: run failed: {failure_chain(exc)}", file=sys.stderr)
         else:
             print(f"kopt: error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return exits.FAILED
 
 
 def entry() -> None:
@@ -109,7 +109,7 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors in kopt's one-line form (exit 2), like every other bad input."""
 
     def error(self, message: str):  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"kopt: error: {message} (see `{self.prog} --help`)\n")
+        self.exit(exits.USAGE, f"kopt: error: {message} (see `{self.prog} --help`)\n")
 
 
 TIME_CAP_HELP = (f"sampling time per shape and dtype and side of an A/B (default: "
@@ -279,7 +279,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
-    from kopt.app.runs import apply_run_options, prepare_request, run_optimization
+    from frontend.runs import apply_run_options, prepare_request, run_optimization
 
     req = prepare_request(args.kernel_dir, args.target, args.gpu_class, args.rounds, args.provider, args.seed,
                           settings)
@@ -288,20 +288,20 @@ async def _cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
-    from kopt.app.runs import run_optimization
+    from frontend.runs import run_optimization
 
     return await run_optimization(None, None, args.report_dir, settings, resume=args.run)
 
 
 async def _cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
-    from kopt.app.evaluate import evaluate
+    from frontend.evaluate import evaluate
 
     return await evaluate(args.kernel_dir, args.candidate, args.target, args.json, settings, flags=args.flags,
                           time_cap_s=args.time_cap, holdout=args.holdout)
 
 
 async def _cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
-    from kopt.app.verify import verify
+    from frontend.verify import verify
 
     return await verify(args.kernel_dir, args.candidate, args.target, args.flags, args.baseline, args.junit, args.json,
                         args.max_slowdown, holdout=args.holdout, time_cap_s=args.time_cap)
@@ -324,11 +324,11 @@ async def _cmd_workload(args: argparse.Namespace, settings: Settings) -> int:
         raise UsageError(str(exc)) from None
     for s in shapes:
         print(f"  {s.label:32s} weight {s.weight:.4f}")
-    return EXIT_OK
+    return exits.OK
 
 
 async def _cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
-    from kopt.app import inspect, schedules
+    from frontend import inspect, schedules
 
     if args.schedule_action == "create" and args.optimize_rounds is not None and args.optimize_rounds < 1:
         raise UsageError(f"--optimize-rounds must be >= 1, got {args.optimize_rounds}")
@@ -341,7 +341,7 @@ async def _cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
             await schedules.list_schedules(client)
         else:
             await schedules.control(client, args.name, args.schedule_action)
-    return EXIT_OK
+    return exits.OK
 
 
 def _duration(text: str):
@@ -372,13 +372,13 @@ def _flag_list(text: str) -> list[str]:
 
 
 async def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
-    from kopt.app import inspect
+    from frontend import inspect
 
     if args.action == "runs" and not settings.temporal_address and not settings.server_db.exists():
         print(f"no runs yet in {settings.home}", file=sys.stderr if args.json else sys.stdout)
         if args.json:
             print("[]")
-        return EXIT_OK
+        return exits.OK
     async with inspect.reader(settings) as client:
         if args.action == "runs":
             rows = await inspect.list_runs(client, args.limit, out=sys.stderr if args.json else sys.stdout)
@@ -391,7 +391,7 @@ async def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
         elif args.action == "history":
             print(inspect.history_text(await inspect.view(client, args.run), full=args.full))
         elif args.action == "export" and args.torch_op:
-            from kopt.app.torch_op import export_torch_op
+            from frontend.torch_op import export_torch_op
             from kopt.artifacts import ArtifactStore
 
             folder = export_torch_op(await inspect.view(client, args.run), args.torch_op, ArtifactStore(settings.artifacts))
@@ -408,17 +408,17 @@ async def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
             await inspect.approve(client, args.run, args.candidate, not args.reject)
         elif args.action == "cancel":
             await inspect.cancel(client, args.run)
-    return EXIT_OK
+    return exits.OK
 
 
 # ------------------------------------------------------------------------------------------ worker
 
 
 async def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    from frontend.client import connect
+    from frontend.server import attach_home
+    from frontend.workers import WorkerPlan, make_workers, toolchains_for
     from gpu_worker.device import local_gpus
-    from kopt.app.client import connect
-    from kopt.app.server import attach_home
-    from kopt.app.workers import WorkerPlan, make_workers, toolchains_for
 
     plan = WorkerPlan(roles=(args.role,))
     if args.role == "build":
@@ -452,28 +452,28 @@ async def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         for w in workers:
             await stack.enter_async_context(w)
         await _wait_for_signal()
-    return EXIT_OK
+    return exits.OK
 
 
 # ------------------------------------------------------------------------------------------ server
 
 
 async def _cmd_server(args: argparse.Namespace, settings: Settings) -> int:
-    from kopt.app.server import attach_home, read_record, stop_home_server
+    from frontend.server import attach_home, read_record, stop_home_server
 
     if settings.temporal_address:
         raise UsageError(f"KOPT_TEMPORAL_ADDRESS is set ({settings.temporal_address}): kopt uses that cluster, "
                          "not an embedded server")  # fmt: skip
     if args.action == "stop":
         print(stop_home_server(settings.home, force=args.force))
-        return EXIT_OK
+        return exits.OK
     if args.action == "status":
         rec = read_record(settings.home)
         if rec is None or not rec.alive():
             print(f"no kopt server is running for {settings.home}")
-            return EXIT_FAILED
+            return exits.FAILED
         print(f"Temporal dev server at {rec.address} (pid {rec.pid}); Web UI {rec.ui_url}; database {rec.db}")
-        return EXIT_OK
+        return exits.OK
     server = attach_home(settings, say=lambda text: print(f"kopt: {text}", file=sys.stderr))
     try:
         print(f"Temporal dev server at {server.address}{'' if server.started else ' (already running)'}; "
@@ -483,7 +483,7 @@ async def _cmd_server(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         if not server.release():
             print("kopt: the server keeps running for the other kopt commands of this home", file=sys.stderr)
-    return EXIT_OK
+    return exits.OK
 
 
 async def _wait_for_signal(until=None) -> bool:

@@ -15,8 +15,9 @@ from temporalio.worker import Worker
 from activities import agents as agent_activities
 from activities.build import BuildActivities
 from activities.execution import ExecActivities
+from containment import build, jail
 from gpu_worker.device import cpu_name
-from kopt import build, jail, queues
+from kopt import queues
 from kopt.activity_table import Kind, names
 from kopt.artifacts import ArtifactStore
 from kopt.settings import Settings
@@ -24,9 +25,6 @@ from workflows.optimize import OptimizeKernel
 from workflows.reverify import ReverifyBest
 
 log = structlog.get_logger(__name__)
-
-ROLES = ("workflows", "agents", "build", "exec")
-
 
 @dataclass
 class WorkerPlan:
@@ -40,7 +38,7 @@ class WorkerPlan:
 
 
 def check_sandbox(plan: WorkerPlan) -> None:
-    """Build and exec workers run untrusted code only in a jail (kopt/jail.py): say so loudly when
+    """Build and exec workers run untrusted code only in a jail (containment/jail.py): say so loudly when
     this host cannot build one (every candidate will then fail with that reason)."""
     if not ({"build", "exec"} & set(plan.roles)):
         return

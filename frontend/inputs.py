@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kopt.build import Toolchain, detect_toolchain
+from containment.build import Toolchain, detect_toolchain
 from kopt.errors import UsageError
 from kopt.models import KernelSpec
 from kopt.package import PackageError, load_spec

@@ -19,10 +19,10 @@ import shutil
 import tarfile
 from pathlib import Path
 
+from containment.build import CUDA_ARCH, KERNELS_INCLUDE
+from frontend.history import RunView
 from kopt import expr
-from kopt.app.history import RunView
 from kopt.artifacts import ArtifactStore
-from kopt.build import CUDA_ARCH, KERNELS_INCLUDE
 from kopt.errors import UsageError
 from kopt.models import ArtifactRef
 from kopt.package import value_range

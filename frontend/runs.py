@@ -19,8 +19,11 @@ from temporalio.common import (
 )
 from temporalio.service import RPCError
 
+from containment import build
+from frontend.inputs import package_and_toolchain
+from frontend.report import build_report, write_report
+from kopt import queues
 from kopt.agent_models import PROVIDERS
-from kopt import build, queues
 from kopt.artifacts import ArtifactStore
 from kopt.candidates import candidate_id
 from kopt.errors import RunFailed, UsageError
@@ -28,11 +31,9 @@ from kopt.gpu_classes import KNOWN_GPU_CLASSES
 from kopt.holdout import holdout_shapes, split_workload
 from kopt.models import Candidate, PackageRef
 from kopt.package import read_tunables
-from kopt.app.inputs import package_and_toolchain
-from kopt.app.report import build_report, write_report
 from kopt.run_models import OptimizeRequest, OptimizeResult, Progress
-from kopt.settings import Settings
 from kopt.search_attributes import BEST_KEY, KERNEL_KEY, ROUND_KEY, TARGET_KEY
+from kopt.settings import Settings
 
 log = structlog.get_logger(__name__)
 
@@ -132,8 +133,8 @@ async def resume_point(client, settings: Settings, run: str, serve: bool = False
     this process runs one for the purpose, as the embedded mode has no other)."""
     from temporalio.client import WorkflowExecutionStatus
 
+    from frontend.workers import WorkerPlan, running_workers
     from kopt.run_models import ResumePoint
-    from kopt.app.workers import WorkerPlan, running_workers
 
     handle = client.get_workflow_handle(run)
     try:
@@ -171,9 +172,9 @@ async def run_optimization(req: OptimizeRequest | None, kernel_dir: Path | None,
     from its last finished round in a new run (kopt resume), paid LLM replies reused. The same
     request again: attaches while the run is live, says how it ended once it has (`rerun`: starts a
     fresh run under a new id instead)."""
-    from kopt.app.client import connect
-    from kopt.app.server import attach_home
-    from kopt.app.workers import running_workers
+    from frontend.client import connect
+    from frontend.server import attach_home
+    from frontend.workers import running_workers
 
     def say(text: str) -> None:
         print(text, file=out, flush=True)
@@ -300,8 +301,8 @@ def _say_ended(desc, wf_id: str, report_dir: Path, say) -> int:
 
 
 def _local_worker_plan(req: OptimizeRequest):
+    from frontend.workers import WorkerPlan
     from gpu_worker.device import local_gpus
-    from kopt.app.workers import WorkerPlan
 
     toolchain = build.detect_toolchain(req.target)
     plan = WorkerPlan(roles=("workflows", "agents", "build", "exec"), toolchains=(toolchain,), exec_target=req.target)

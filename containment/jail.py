@@ -2,7 +2,7 @@
 
 The harness child that loads a candidate library, the compiler that builds it and the
 compute-sanitizer run are all started through `enter` (in process, after a fork: the zygote's
-children) or through `python -m kopt.jail SPEC -- ARGV...` (which enters, then execs ARGV):
+children) or through `python -m containment.jail SPEC -- ARGV...` (which enters, then execs ARGV):
 
 1. The calling process becomes a small supervisor: it makes new PID, mount, network, IPC and UTS
    namespaces (as root with CAP_SYS_ADMIN directly; otherwise inside a new user namespace that maps
@@ -108,7 +108,8 @@ def python_paths() -> list[str]:
 
 def code_paths() -> list[str]:
     """kopt's own packages (the harness imports them), not the whole repository around them."""
-    return [str(REPO_ROOT / name) for name in ("kopt", "gpu_worker", "kernels") if (REPO_ROOT / name).is_dir()]
+    return [str(REPO_ROOT / name) for name in ("kopt", "containment", "gpu_worker", "kernels")
+            if (REPO_ROOT / name).is_dir()]
 
 
 def _check(ret: int, what: str) -> None:
@@ -382,9 +383,9 @@ def _supervise(pid: int, report_fd: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """python -m kopt.jail SPEC_JSON [--seccomp PROFILE] -- ARGV...: enter, then exec ARGV."""
+    """python -m containment.jail SPEC_JSON [--seccomp PROFILE] -- ARGV...: enter, then exec ARGV."""
     if "--" not in argv or len(argv) < 3:
-        sys.stderr.write("usage: python -m kopt.jail SPEC_JSON [--seccomp tool|harness] -- ARGV...\n")
+        sys.stderr.write("usage: python -m containment.jail SPEC_JSON [--seccomp tool|harness] -- ARGV...\n")
         os._exit(2)
     cut = argv.index("--")
     spec = JailSpec.from_json(argv[0])
@@ -396,7 +397,7 @@ def main(argv: list[str]) -> None:
         sys.stderr.write(f"kopt-jail: {exc}\n")
         os._exit(SETUP_FAILED)
     if profile:
-        from kopt import seccomp
+        from containment import seccomp
 
         why = seccomp.install(profile)  # type: ignore[arg-type]
         if why:
@@ -426,7 +427,7 @@ def probe() -> str | None:
 
 
 def launcher_env() -> dict[str, str]:
-    """The environment of `python -m kopt.jail` itself: enough to import kopt, nothing secret."""
+    """The environment of `python -m containment.jail` itself: enough to import kopt, nothing secret."""
     path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return {"PATH": "/usr/bin:/bin", "PYTHONPATH": path, "LANG": "C.UTF-8"}
 
@@ -434,7 +435,7 @@ def launcher_env() -> dict[str, str]:
 def command(spec: JailSpec, argv: list[str], seccomp_profile: str | None = "tool") -> list[str]:
     """The argv that runs `argv` inside a jail of `spec`."""
     extra = ["--seccomp", seccomp_profile] if seccomp_profile else []
-    return [sys.executable, "-m", "kopt.jail", spec.to_json(), *extra, "--", *argv]
+    return [sys.executable, "-m", "containment.jail", spec.to_json(), *extra, "--", *argv]
 
 
 if __name__ == "__main__":

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kernels
-from kopt import jail
+from containment import jail
+from containment.procs import kill_group
 from kopt.flags import check_flags
 from kopt.models import Target
-from kopt.procs import kill_group
 from kopt.redact import redact
 
 KERNELS_INCLUDE = Path(kernels.__file__).resolve().parent  # kopt_abi.h ships inside the package

@@ -25,9 +25,9 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from frontend.history import load_run
+from frontend.inspect import describe
 from kopt import queues
-from kopt.app.history import load_run
-from kopt.app.inspect import describe
 from kopt.errors import UsageError
 from kopt.models import Candidate
 from kopt.run_models import ReverifyRequest

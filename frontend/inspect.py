@@ -16,20 +16,20 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer
 
+from frontend.client import connect
+from frontend.history import RunView, load_run, segments
 from kopt.activity_table import ACTIVITIES, names
-from kopt.app.client import connect
 from kopt.errors import UsageError
-from kopt.app.history import RunView, load_run, segments
 from kopt.run_models import Approval, Progress
-from kopt.settings import Settings
 from kopt.search_attributes import BEST_KEY, KERNEL_KEY, ROUND_KEY, TARGET_KEY
+from kopt.settings import Settings
 from workflows.optimize import OptimizeKernel
 
 
 @asynccontextmanager
 async def reader(settings: Settings):
     """A client for the configured cluster, or for the embedded server (started on its database)."""
-    from kopt.app.server import attach_home
+    from frontend.server import attach_home
 
     server = None
     if settings.temporal_address:
@@ -275,9 +275,9 @@ def export(view: RunView, fmt: str) -> str:
 
 
 def view_charts(view: RunView) -> dict[str, bytes]:
-    """The report's charts (kopt/app/charts.py) from a run's history: per-shape speedup and %SOL of the
+    """The report's charts (frontend/charts.py) from a run's history: per-shape speedup and %SOL of the
     best, and the rounds; none for a run without a result."""
-    from kopt.app.charts import run_charts
+    from frontend.charts import run_charts
 
     res = view.result
     if res is None or view.request is None:

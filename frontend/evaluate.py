@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from containment.build import Toolchain, build
+from frontend import exits
+from frontend.inputs import package_and_toolchain
 from gpu_worker import runner
-from kopt.app.inputs import package_and_toolchain
-from kopt.build import Toolchain, build
 from kopt.errors import UsageError
 from kopt.flags import check_flags
 from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef, ProfileResult, Shape, TestResult
 from kopt.package import source_path
 
-EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
 _NO_ARTIFACT = ArtifactRef(sha256="0" * 64, size=0, uri="file:///dev/null")  # libraries are local paths here
 
 
@@ -180,7 +180,7 @@ def _finish(verdict: dict, as_json: bool, out: TextIO, start: float) -> int:
     else:
         out.write(render(verdict))
     out.flush()
-    return EXIT_OK if verdict["correct"] else EXIT_REJECTED
+    return exits.OK if verdict["correct"] else exits.FAILED
 
 
 def render(v: dict) -> str:
@@ -215,7 +215,7 @@ def render(v: dict) -> str:
 
 def _usage(err: TextIO, message: str) -> int:
     err.write(f"kopt: error: {message}\n")
-    return EXIT_USAGE
+    return exits.USAGE
 
 
 def _progress(err: TextIO, as_json: bool, message: str) -> None:

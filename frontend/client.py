@@ -7,12 +7,15 @@ import os
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, RPCStatusCode
 
 from kopt.settings import Settings
 
 
 async def connect(address: str, settings: Settings, attempts: int = 50) -> Client:
-    """Connect with the pydantic data converter; retry while a just-started server warms up."""
+    """Connect with the pydantic data converter; retry while a just-started server warms up (nothing
+    listens yet, or it answers UNAVAILABLE). Any other error (a malformed address, TLS, a rejected
+    key) is raised at once: waiting does not fix it."""
     api_key = os.environ.get(settings.temporal_api_key_env) if settings.temporal_api_key_env else None
     last: Exception | None = None
     for _ in range(attempts):
@@ -21,10 +24,21 @@ async def connect(address: str, settings: Settings, attempts: int = 50) -> Clien
                                           tls=settings.temporal_tls or bool(api_key), api_key=api_key)
             await client.workflow_service.get_system_info(_system_info_request())
             return client
-        except Exception as exc:  # noqa: BLE001 - server not ready yet; surfaced after the last attempt
+        except (RuntimeError, RPCError) as exc:
+            if not warming_up(exc):
+                raise ConnectionError(f"cannot connect to Temporal at {address}: {exc}") from None
             last = exc
             await asyncio.sleep(0.2)
+        except ValueError as exc:  # the SDK's word for an address it cannot parse
+            raise ConnectionError(f"cannot connect to Temporal at {address}: {exc}") from None
     raise ConnectionError(f"cannot reach Temporal at {address}: {last}")
+
+
+def warming_up(exc: BaseException) -> bool:
+    """An error a server that is still starting gives: no listener yet, or UNAVAILABLE."""
+    if isinstance(exc, RPCError):
+        return exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
+    return isinstance(exc, RuntimeError) and "connection error" in str(exc).lower()
 
 
 def _system_info_request():

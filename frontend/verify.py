@@ -3,7 +3,7 @@
     kopt verify KERNEL_DIR --candidate FILE [--target cpu|cuda] [--flags=-O3,...] [--baseline FILE]
                 [--junit PATH] [--json PATH] [--max-slowdown F] [--no-holdout]
 
-The candidate is judged exactly as `kopt evaluate` judges it (kopt/app/evaluate.judge: the harness
+The candidate is judged exactly as `kopt evaluate` judges it (frontend/evaluate.judge: the harness
 of docs/measurement.md, no Temporal server): static checks, the test against the package reference
 with the baseline loaded for calibration, and the profile interleaved A/B against the baseline (the
 package's own source, or `--baseline`, e.g. the kernel on the main branch). The package's declared
@@ -29,11 +29,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import TextIO
 
-from kopt.app.evaluate import Judgement, check_inputs, judge, render
+from frontend import exits
+from frontend.evaluate import Judgement, check_inputs, judge, render
 from kopt.errors import UsageError
 from kopt.models import SHAPE_SLOWDOWN_LIMIT, regression_limit, slower_beyond
 
-EXIT_PASS, EXIT_WRONG, EXIT_BAD_INPUT, EXIT_SLOWER, EXIT_INFRA = 0, 1, 2, 3, 4
 DEFAULT_MAX_SLOWDOWN = SHAPE_SLOWDOWN_LIMIT  # the optimizer's per-shape guard uses the same limit
 
 
@@ -53,21 +53,21 @@ def regressions(verdict: dict, max_slowdown: float) -> list[dict]:
 def decide(judged: Judgement, max_slowdown: float) -> tuple[int, str]:
     v = judged.verdict
     if judged.baseline_broken:
-        return EXIT_INFRA, f"the baseline itself fails: {v['reason']}"
+        return exits.INFRA, f"the baseline itself fails: {v['reason']}"
     if not v["correct"]:
-        return EXIT_WRONG, f"rejected: {v['reason']}"
+        return exits.FAILED, f"rejected: {v['reason']}"
     slow = regressions(v, max_slowdown)
     if slow:
         worst = min(slow, key=lambda s: s["speedup"])
         overfit = all(s.get("held_out") for s in slow)  # the bench shapes pass; only shapes it never saw fail
-        return EXIT_SLOWER, (("OVERFIT: passes on the bench shapes but is " if overfit else "")
+        return exits.SLOWER, (("OVERFIT: passes on the bench shapes but is " if overfit else "")
                              + f"slower than the baseline (interval below {limit_of(v, max_slowdown):.3f}x) at "
                              + f"{len(slow)} "
                              + ("held-out " if overfit else "") + f"shape(s); worst "
                              f"{worst['shape']} {worst['dtype']}: {worst['speedup']:.3f}x "
                              f"[{worst['speedup_ci'][0]:.3f}, {worst['speedup_ci'][1]:.3f}]")  # fmt: skip
     gm = v["speedup_geomean"]
-    return EXIT_PASS, "pass" + (f": geomean {gm:.3f}x [{v['speedup_ci'][0]:.3f}, {v['speedup_ci'][1]:.3f}]"
+    return exits.OK, "pass" + (f": geomean {gm:.3f}x [{v['speedup_ci'][0]:.3f}, {v['speedup_ci'][1]:.3f}]"
                                 if gm is not None else "")  # fmt: skip
 
 
@@ -149,7 +149,7 @@ async def verify(kernel_dir: Path, candidate: Path, target: str | None = None, f
                 raise UsageError(f"{path}: its directory does not exist")
     except UsageError as exc:
         err.write(f"kopt: error: {exc}\n")
-        return EXIT_BAD_INPUT
+        return exits.USAGE
     start = time.monotonic()
     judged: Judgement | None = None
     try:
@@ -158,7 +158,7 @@ async def verify(kernel_dir: Path, candidate: Path, target: str | None = None, f
                              holdout=spec.shapes[target].holdout if holdout else None)  # fmt: skip
         code, summary = decide(judged, max_slowdown)
     except Exception as exc:  # noqa: BLE001 - the harness itself failed: the pipeline must see "infrastructure"
-        code, summary = EXIT_INFRA, f"infrastructure failure: {type(exc).__name__}: {exc}"
+        code, summary = exits.INFRA, f"infrastructure failure: {type(exc).__name__}: {exc}"
     seconds = time.monotonic() - start
     if judged is not None:
         judged.verdict["seconds"]["total"] = round(seconds, 3)

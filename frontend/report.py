@@ -60,8 +60,8 @@ def build_report(run_id: str, temporal_run_id: str, req: OptimizeRequest, res: O
 
 
 def report_charts(report: dict) -> dict[str, bytes]:
-    """The charts of a report (kopt/app/charts.py), by file name."""
-    from kopt.app.charts import run_charts
+    """The charts of a report (frontend/charts.py), by file name."""
+    from frontend.charts import run_charts
 
     best = report.get("best") or {}
     sol = {f"{t['shape']} {t['dtype']}": t["pct_sol"] for t in report["baseline"]["per_shape"]
