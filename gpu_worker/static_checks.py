@@ -31,13 +31,18 @@ Three scans, because each alone can be dodged:
   the libcudart_static.a that nvcc links are allowed where the library has them in a function of
   the same name (the runtime's are named libcudart_static_<hash>); anything else is the candidate's.
   Without that archive the CUDA machine code is not scanned (a note says so).
-What no scan sees: a jump into the middle of another instruction whose bytes spell a syscall, or into
-libc's own syscall() from an allowed import's address (tests/hostile/libc_syscall.cpp); the sandbox
-holds there.
+The machine-code scan also refuses a branch, or a rip-relative address, that lands inside a function
+but not on an instruction start: compiled code never does that, and a jump one byte into
+`movl $0x90c3050f, %ecx` runs 0f 05 c3, a syscall and a return (red team, 2026-11-26). On CPU, inline
+assembly is refused outright (empty templates, compiler barriers, excepted): intrinsics name every
+SIMD instruction. What no scan sees: a jump whose target is computed at run time (an address plus
+an offset in a register), or into libc's own syscall() from an allowed import's address
+(tests/hostile/libc_syscall.cpp); the sandbox holds there.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 import shutil
@@ -268,12 +273,16 @@ def string_literals(source: str) -> list[tuple[int, str]]:
     return out
 
 
-def asm_templates(source: str) -> list[tuple[int, str]]:
-    """(line, text) of each asm statement's template (what the assembler reads), escapes decoded and
-    literals joined. A template that is not plain literals is refused by build.source_problems."""
+def asm_templates(source: str) -> list[tuple[int, str, bool]]:
+    """(line, text, statement) of each asm template (what the assembler reads), escapes decoded and
+    literals joined; `statement`: an asm statement, not the register or symbol name a declaration takes
+    (`register long r asm("r10")`, after a declarator). A template that is not plain literals is refused
+    by build.source_problems."""
     text = _with_strings(source)
     out = []
     for m in build.ASM.finditer(text):
+        before = text[: m.start()].rstrip()[-1:]
+        statement = not (before.isalnum() or before in "_)]")
         depth, j = 1, m.end()
         while j < len(text) and depth and not (depth == 1 and text[j] == ":"):
             if text[j] == '"':
@@ -284,7 +293,7 @@ def asm_templates(source: str) -> list[tuple[int, str]]:
             j += 1
         template = text[m.end() : j]
         out.append((text.count("\n", 0, m.start()) + 1, "".join(_decode(lit[1:-1]) for lit in
-                                                                  build.STRING.findall(template))))  # fmt: skip
+                                                                  build.STRING.findall(template)), statement))  # fmt: skip
     return out
 
 
@@ -314,7 +323,11 @@ def check_source(source: str, target: str) -> list[str]:
     for line, text in string_literals(source):
         for rx, meaning in STRING_RULES:
             violations += [_found(line, meaning, m.group(0)) for m in rx.finditer(text.lower())]
-    for line, text in asm_templates(source):
+    for line, text, statement in asm_templates(source):
+        if target == "cpu" and statement and text.strip():
+            violations.append(f"line {line}: inline assembly in a CPU kernel ({' '.join(text.split())[:60]}): "
+                              "intrinsics (<immintrin.h>) name every SIMD instruction; assembly only hides machine "
+                              "code from the checks (an empty template, a compiler barrier, is allowed)")
         for rx, meaning in ASM_RULES:
             violations += [_found(line, meaning, m.group(0)) for m in rx.finditer(text.lower())]
         for rx, meaning in PROBE_WORDS:  # symbol names: case matters
@@ -393,19 +406,29 @@ def _needed(library: Path) -> list[str] | None:
 
 # Instructions the candidate's own machine code may not hold, in objdump's spelling. cpuid is not one:
 # libgcc's __builtin_cpu_supports code, linked into honest libraries, runs it.
+MID_INSTRUCTION = "a branch or address into the middle of an instruction"
 MACHINE_RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\b(?:syscall|sysenter|svc)\b|\bint\s+\$0x80\b"), f"makes system calls itself ({{}}): {SANDBOX}"),
     (re.compile(r"\b(?:rdtscp?|rdpid|rdpmc)\b"), f"reads the CPU's cycle counter ({{}}): {WHY}"),
     # Not any %fs access: every stack-protector check reads %fs:0x28 and thread_local variables go through it.
     (re.compile(r"\b(?:rd|wr)[fg]sbase\b"), f"reads the thread control block directly ({{}}): {WHY}"),
+    # Compiled code branches only to the start of an instruction; a jump into the middle of one runs the
+    # bytes of its operands as instructions (`mov $0x90c3050f, %eax` holds 0f 05, a syscall, and c3,
+    # ret): machine code that even this scan reads as something else (red team, 2026-11-26).
+    (re.compile(r"^" + re.escape(MID_INSTRUCTION)), "hides machine code inside another instruction ({}): code no "
+     "scan can read, as only a cheat writes it"),
 ]
-FUNCTION = re.compile(r"^[0-9a-f]+ <(.+)>:$")
+FUNCTION = re.compile(r"^([0-9a-f]+) <(.+)>:$")
+BRANCH = re.compile(r"^(?:j[a-z]+|call[a-z]*|loop[a-z]*|xbegin)\s+([0-9a-f]+)\b")
+RIP_TARGET = re.compile(r"\(%rip\).*#\s*([0-9a-f]+)\b")
 INSTRUCTION = re.compile(r"^\s*([0-9a-f]+):\s+(.+)$")
 
 
 def _forbidden_instructions(binary: Path) -> dict[tuple[str, str], list[str]] | None:
     """{(function, instruction): [addresses]} of the MACHINE_RULES instructions in a library or archive's
-    code (objdump -d, a linear sweep of every executable section); None when objdump is missing or fails."""
+    code (objdump -d, a linear sweep of every executable section), and of the branches and rip-relative
+    addresses that land inside a function but not on an instruction start (as MID_INSTRUCTION); None
+    when objdump is missing or fails."""
     objdump = shutil.which("objdump")
     if objdump is None:
         return None
@@ -415,14 +438,30 @@ def _forbidden_instructions(binary: Path) -> dict[tuple[str, str], list[str]] | 
         return None
     found: dict[tuple[str, str], list[str]] = {}
     function = "?"
+    starts: set[int] = set()
+    spans: list[tuple[int, int]] = []  # each function's (first, last) instruction address
+    targets: list[tuple[str, str, int]] = []  # (function, address, target) of branches and rip-relative operands
     for line in proc.stdout.splitlines():
         if head := FUNCTION.match(line):
-            function = head.group(1)
+            function = head.group(2)
+            spans.append((int(head.group(1), 16), int(head.group(1), 16)))
         elif ins := INSTRUCTION.match(line):
+            address = int(ins.group(1), 16)
+            starts.add(address)
+            if spans:
+                spans[-1] = (spans[-1][0], address)
+            if to := BRANCH.match(ins.group(2)) or RIP_TARGET.search(ins.group(2)):
+                targets.append((function, ins.group(1), int(to.group(1), 16)))
             text = re.sub(r"[<#].*", "", ins.group(2))  # objdump's notes, as in `call 1030 <syscall@plt>`
             for rx, _ in MACHINE_RULES:
                 if m := rx.search(text):
                     found.setdefault((function, " ".join(m.group(0).split())), []).append(ins.group(1))
+    spans.sort()
+    firsts = [first for first, _ in spans]
+    for function, address, target in targets:
+        i = bisect.bisect_right(firsts, target) - 1
+        if target not in starts and i >= 0 and target <= spans[i][1]:
+            found.setdefault((function, MID_INSTRUCTION), []).append(address)
     return found
 
 
