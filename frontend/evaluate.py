@@ -97,6 +97,7 @@ async def judge(kernel_dir: Path, spec: KernelSpec, target: str, tc: Toolchain, 
                 candidate_id=candidate.stem, library=_NO_ARTIFACT, shapes=[*getattr(shapes, kind), *(holdout or [])],
                 dtypes=spec.dtypes,
                 seed=seed, timeout_s=timeout_s, source=source, baseline_id="baseline", time_cap_s=time_cap_s,
+                large_shapes=kind == "test",
             )  # fmt: skip
 
         progress("testing against the reference (baseline loaded for calibration)")

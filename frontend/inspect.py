@@ -18,6 +18,7 @@ from temporalio.worker import Replayer
 
 from frontend.client import connect
 from frontend.history import RunView, load_run, segments
+from kopt import queues
 from kopt.activity_table import ACTIVITIES, names
 from kopt.errors import UsageError
 from kopt.run_models import Approval, Progress
@@ -54,7 +55,7 @@ async def view(client: Client, run: str) -> RunView:
 
 async def list_runs(client: Client, limit: int, out=sys.stdout) -> list[dict]:
     rows = []
-    query = 'WorkflowType = "OptimizeKernel"'
+    query = f'WorkflowType = "{queues.WORKFLOW_NAME}"'
     async for wf in client.list_workflows(query, limit=limit):
         sa = wf.typed_search_attributes
         rows.append({"run": wf.id, "run_id": wf.run_id, "status": wf.status.name.lower() if wf.status else "",
@@ -85,7 +86,7 @@ async def describe(client: Client, run: str):
 async def live_progress(handle) -> Progress | None:
     """The workflow's own progress, or None when no workflow worker answers within QUERY_TIMEOUT."""
     try:
-        return await handle.query("progress", result_type=Progress, rpc_timeout=QUERY_TIMEOUT)
+        return await handle.query(OptimizeKernel.progress, rpc_timeout=QUERY_TIMEOUT)
     except Exception:  # noqa: BLE001 - no worker (or one restarting): history tells the rest
         return None
 
@@ -306,7 +307,7 @@ async def replay(client: Client, run: str, out=sys.stdout) -> int:
 async def approve(client: Client, run: str, candidate: str, accept: bool, out=sys.stdout) -> None:
     handle, _ = await describe(client, run)
     try:
-        answer = await handle.execute_update("approve", Approval(candidate_id=candidate, accept=accept),
+        answer = await handle.execute_update(OptimizeKernel.approve, Approval(candidate_id=candidate, accept=accept),
                                              result_type=str)
     except Exception as exc:  # noqa: BLE001 - the validator's message is the useful part
         cause = getattr(exc, "cause", None) or exc

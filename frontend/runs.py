@@ -34,6 +34,7 @@ from kopt.package import read_tunables
 from kopt.run_models import OptimizeRequest, OptimizeResult, Progress
 from kopt.search_attributes import BEST_KEY, KERNEL_KEY, ROUND_KEY, TARGET_KEY
 from kopt.settings import Settings
+from workflows.optimize import OptimizeKernel
 
 log = structlog.get_logger(__name__)
 
@@ -134,7 +135,6 @@ async def resume_point(client, settings: Settings, run: str, serve: bool = False
     from temporalio.client import WorkflowExecutionStatus
 
     from frontend.workers import WorkerPlan, running_workers
-    from kopt.run_models import ResumePoint
 
     handle = client.get_workflow_handle(run)
     try:
@@ -146,7 +146,7 @@ async def resume_point(client, settings: Settings, run: str, serve: bool = False
     async with AsyncExitStack() as stack:
         if serve:
             await stack.enter_async_context(running_workers(client, settings, WorkerPlan(roles=("workflows",))))
-        point = await handle.query("resume_point", result_type=ResumePoint)
+        point = await handle.query(OptimizeKernel.resume_point)
     if point.state is not None and desc.status == WorkflowExecutionStatus.COMPLETED \
             and point.state.next_round > point.request.rounds:
         raise UsageError(f"run {run} completed all {point.request.rounds} rounds: nothing to resume")
@@ -252,13 +252,13 @@ async def start_run(client, req: OptimizeRequest, wf_id: str):
                   id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                   id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
     try:
-        return await client.start_workflow(queues.WORKFLOW_NAME, req, search_attributes=attrs, **kwargs)
+        return await client.start_workflow(OptimizeKernel.run, req, search_attributes=attrs, **kwargs)
     except RPCError as exc:
         if "search attribute" not in str(exc).lower():
             raise
         log.warning("search_attributes_unregistered", hint="register KoptKernel, KoptTarget, KoptRound, "
                     "KoptBestSpeedup on the namespace for `kopt runs`")
-        return await client.start_workflow(queues.WORKFLOW_NAME, req, **kwargs)
+        return await client.start_workflow(OptimizeKernel.run, req, **kwargs)
 
 
 async def _fresh_or_ended(client, wf_id: str, rerun: bool):
@@ -325,7 +325,7 @@ async def _follow(handle, say) -> OptimizeResult:
     async def poll() -> None:
         nonlocal seen
         try:
-            progress: Progress = await handle.query("progress", result_type=Progress)
+            progress: Progress = await handle.query(OptimizeKernel.progress)
         except Exception:  # noqa: BLE001 - a query can fail while a worker restarts; the result decides
             return
         fresh = progress.event_total - seen

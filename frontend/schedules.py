@@ -31,7 +31,8 @@ from kopt import queues
 from kopt.errors import UsageError
 from kopt.models import Candidate
 from kopt.run_models import ReverifyRequest
-from workflows.reverify import REVERIFY_WORKFLOW
+from workflows.optimize import OptimizeKernel
+from workflows.reverify import ReverifyBest
 
 PREFIX = "kopt-schedule-"
 OVERLAPS = {p.name.lower(): p for p in ScheduleOverlapPolicy if p.name != "UNSPECIFIED"}
@@ -49,13 +50,13 @@ async def create(client: Client, name: str, run: str, *, every: timedelta | None
     if req is None or res is None or res.best is None:
         raise UsageError(f"run {run} has no best to schedule")
     if optimize_rounds is not None:
-        wf, arg = queues.WORKFLOW_NAME, req.model_copy(update={"rounds": optimize_rounds, "state": None})
+        wf, arg = OptimizeKernel.run, req.model_copy(update={"rounds": optimize_rounds, "state": None})
     else:
         if req.target == "cuda" and not gpu_classes:
             gpu_classes = [req.gpu_class] if req.gpu_class else []
         b = res.best
         best = Candidate(id=b.candidate_id, source=b.source, flags=b.flags, tunables=b.tunables, origin="best")
-        wf, arg = REVERIFY_WORKFLOW, ReverifyRequest(run=run, package=req.package, target=req.target,
+        wf, arg = ReverifyBest.run, ReverifyRequest(run=run, package=req.package, target=req.target,
                                                      toolchain=req.toolchain, baseline=req.baseline, best=best,
                                                      gpu_classes=gpu_classes, seed=req.seed,
                                                      timeouts=req.timeouts)  # fmt: skip

@@ -27,6 +27,10 @@ from kopt.package import empty_range, shape_symbols, symbol_range
 
 # Elements over all arguments of one fuzzed shape.
 FUZZ_BUDGET = {"cpu": 1 << 18, "cuda": 1 << 24}
+# One shape per test job of this many elements (all arguments together): a kernel wrong only above some
+# size (a last row dropped once T*D passes 2^22, red team 2026-11-26) passed every shape under the fuzz
+# budget. Far below the ranges' ends (T 65536 x D 32768), but at the sizes of real prefill batches.
+LARGE_BUDGET = {"cpu": 1 << 25, "cuda": 1 << 28}
 TALL = 2048  # a tall batch: more rows than one wave of blocks covers on any GPU
 SMALL_PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43)
 # Residues mod 16 of an awkward size: never a multiple of 16; odd ones twice as likely.
@@ -107,6 +111,21 @@ def fuzz_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None = N
     add({s: awkward(rng, *ranges[s]) for s in syms})  # awkward mid sizes
     add({s: min(max(rng.choice(SMALL_PRIMES), ranges[s][0]), ranges[s][1]) for s in syms})  # small primes
     return out
+
+
+def large_shape(spec: KernelSpec, target: str, seed: int, budget: int | None = None,
+                exclude: list[dict[str, int]] | None = None) -> list[dict[str, int]]:  # fmt: skip
+    """The job's large shape (none where nothing fits): every symbol at its range's maximum, the largest
+    halved to an awkward size in turn until the whole fits the budget, so it lands between half the
+    budget and the budget with awkward sizes."""
+    budget = budget or LARGE_BUDGET.get(target, LARGE_BUDGET["cuda"])
+    rng = random.Random(seed ^ 0x1A26E)
+    syms = shape_symbols(spec)
+    ranges = {s: symbol_range(spec, s, target) for s in syms}
+    dims = shrink(spec, {s: ranges[s][1] for s in syms}, ranges, budget, None, rng, {})
+    if dims is None or dims in (exclude or []) or not valid(spec, dims) or empty_range(spec, dims) is not None:
+        return []
+    return [dims]
 
 
 def size_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None = None,

@@ -169,11 +169,12 @@ def planted_shape(spec: KernelSpec, declared: list[Shape], target: str) -> Shape
 def test_plan(
     spec: KernelSpec, target: str, shapes: list[Shape], dtypes: list[str], trials: int, edge: bool, special: bool,
     fuzz: list[dict[str, int]] | None = None, sizes: list[dict[str, int]] | None = None, sequences: bool = True,
-    turn: int = 0,
+    turn: int = 0, large: list[dict[str, int]] | None = None,
 ) -> list[Group]:
     """Groups to check, declared shapes first. `special`: make_inputs takes special=True. `fuzz`:
     the job's seeded shapes from the declared ranges (gpu_worker/fuzz.py), one trial each; `sizes`: the
-    declared sizes' shapes, one trial each in one dtype (in turn); `turn`: the first dtype of the turns."""
+    declared sizes' shapes, one trial each in one dtype (in turn); `large`: shapes far above the fuzzed
+    ones' budget (fuzz.large_shape), one trial in one dtype; `turn`: the first dtype of the turns."""
     groups: list[Group] = []
     budget = VARIANT_BUDGET.get(target, VARIANT_BUDGET["cuda"])
     two_d = any(len(a.shape) >= 2 for a in spec.arguments)
@@ -218,6 +219,10 @@ def test_plan(
     for dims in fuzz or []:
         for dtype in dtypes:
             groups.append(Group(label(dims), dtype, "fuzz", False, [CaseSpec(tuple(dims.items()), dtype, "fuzz", 0)]))
+    for i, dims in enumerate(large or []):
+        if dtypes:
+            dtype = dtypes[(turn + i + 1) % len(dtypes)]
+            groups.append(Group(label(dims), dtype, "large", False, [CaseSpec(tuple(dims.items()), dtype, "large", 0)]))
     if two_d:
         fitting = [s for s in shapes if elements(spec, s.dims) <= budget]
         if fitting:

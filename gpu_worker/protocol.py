@@ -54,6 +54,7 @@ class HarnessJob(BaseModel):
     # fuzzed shapes (a sanitizer's racecheck).
     fuzz_budget: int | None = None
     sequences: bool = True  # the update and burst sequences (correctness.run_sequence); off under a sanitizer
+    large_shapes: bool = False  # the job's large shape (fuzz.large_shape); never under a sanitizer
     timing_mode: TimingMode = "auto"
     memory_limit_mb: int = 8192
     sandbox: bool = True  # seccomp and rlimits; off only under compute-sanitizer

@@ -156,7 +156,7 @@ def _job(
         time_cap_s=req.time_cap_s, baseline_library=str(Path(baseline).resolve()) if baseline else None,
         baseline_id=req.baseline_id, baseline_errors=req.baseline_errors, edge_shapes=req.edge_shapes,
         timing_mode=req.timing_mode, memory_limit_mb=req.memory_limit_mb, noise_floor=req.noise_floor,
-        resume=[p for p in resume or [] if p.key.startswith(mode + " ")],
+        resume=[p for p in resume or [] if p.key.startswith(mode + " ")], large_shapes=req.large_shapes,
     )  # fmt: skip
 
 

@@ -58,7 +58,7 @@ def sanitizer_job(job: HarnessJob, tool: str = "memcheck") -> HarnessJob:
     fuzz = SANITIZE_FUZZ_BUDGET if tool == "memcheck" else 0
     return job.model_copy(update={
         "shapes": shapes, "trials": 1, "edge_shapes": True, "baseline_library": None, "sandbox": False, "resume": [],
-        "fuzz_budget": fuzz, "sequences": False,
+        "fuzz_budget": fuzz, "sequences": False, "large_shapes": False,
     })  # fmt: skip
 
 

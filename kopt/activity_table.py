@@ -1,5 +1,6 @@
 """Every activity of an optimization run, in one table: name, request and result types, task queue,
-timeouts and retry policy. The workflow calls through it (workflows/optimize.py), the workers register
+timeouts and retry policy. The workflows call each activity through its constant here (`TEST.execute(...)`,
+typed by its result; docs/decisions/0032), the workers register
 their implementations by its names (frontend/workers.py checks none is missing or extra), and history
 decodes each call's payloads with its types (frontend/history.py).
 
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Generic, Literal, TypeVar
 
+from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 from kopt import queues
@@ -49,13 +51,25 @@ BUILD_RETRY = RetryPolicy(maximum_attempts=5, non_retryable_error_types=NON_RETR
 EXEC_RETRY = RetryPolicy(maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
 
 
+Req = TypeVar("Req")
+Res = TypeVar("Res")
+
+
 @dataclass(frozen=True)
-class ActivityDef:
+class ActivityDef(Generic[Req, Res]):
+    """One activity: workflows call it through `execute` (typed by its request and result), never by a
+    string of its name."""
+
     name: str
-    request: type
-    result: type
+    request: type[Req]
+    result: type[Res]
     kind: Kind  # which workers serve it: the agents queue, a build queue, an exec queue
     who: str  # how a person calls it (agents: the role)
+
+    async def execute(self, arg: Req, **options: Any) -> Res:
+        """workflow.execute_activity of this activity, from workflow code (options: self.options(...),
+        an activity id, a schedule-to-close timeout)."""
+        return await workflow.execute_activity(self.name, arg, **options)
 
     def queue(self, target: str, toolchain: str, gpu_class: str | None) -> str:
         if self.kind == "agents":
@@ -83,19 +97,18 @@ class ActivityDef:
         return BUILD_RETRY if self.kind == "build" else EXEC_RETRY
 
 
+PLAN = ActivityDef("plan", AgentPlanRequest, PlanOutput, "agents", "planner")
+CODE = ActivityDef("code", AgentCodeRequest, CodeOutput, "agents", "coder")
+REPAIR = ActivityDef("repair", RepairRequest, CodeOutput, "agents", "coder (repair turn)")
+ANALYZE = ActivityDef("analyze", AnalyzeRequest, DiagnosisOutput, "agents", "profile analyst")
+DESIGN_TESTS = ActivityDef("design_tests", TestDesignRequest, TestDesignOutput, "agents", "test designer")
+SINGLE_AGENT = ActivityDef("single_agent", SingleAgentRequest, SingleAgentOutput, "agents", "single agent")
+COMPILE = ActivityDef("compile", CompileRequest, CompileResult, "build", "compiler")
+TEST = ActivityDef("test", ExecRequest, TestResult, "exec", "correctness test")
+PROFILE = ActivityDef("profile", ExecRequest, ProfileResult, "exec", "profile")
+
 ACTIVITIES: dict[str, ActivityDef] = {
-    d.name: d
-    for d in (
-        ActivityDef("plan", AgentPlanRequest, PlanOutput, "agents", "planner"),
-        ActivityDef("code", AgentCodeRequest, CodeOutput, "agents", "coder"),
-        ActivityDef("repair", RepairRequest, CodeOutput, "agents", "coder (repair turn)"),
-        ActivityDef("analyze", AnalyzeRequest, DiagnosisOutput, "agents", "profile analyst"),
-        ActivityDef("design_tests", TestDesignRequest, TestDesignOutput, "agents", "test designer"),
-        ActivityDef("single_agent", SingleAgentRequest, SingleAgentOutput, "agents", "single agent"),
-        ActivityDef("compile", CompileRequest, CompileResult, "build", "compiler"),
-        ActivityDef("test", ExecRequest, TestResult, "exec", "correctness test"),
-        ActivityDef("profile", ExecRequest, ProfileResult, "exec", "profile"),
-    )
+    d.name: d for d in (PLAN, CODE, REPAIR, ANALYZE, DESIGN_TESTS, SINGLE_AGENT, COMPILE, TEST, PROFILE)
 }
 
 

@@ -306,6 +306,9 @@ class ExecRequest(BaseModel):
     baseline_errors: dict[str, float] = Field(default_factory=dict)
     trials: int = 2  # seeded trials per declared shape and dtype (variants add their own)
     edge_shapes: bool = True  # add 1-row, all-ones and prime-size shapes derived from `shapes`
+    # One shape far above the fuzzed shapes' budget (gpu_worker/fuzz.large_shape): the gates (kopt evaluate,
+    # kopt verify) check it; an optimization round does not (seconds on CPU).
+    large_shapes: bool = False
     timing_mode: TimingMode = "auto"  # auto: CUDA graph mode when a cold call takes < ~20 us
     time_cap_s: float | None = None  # sampling cap per shape and dtype; None: the target's default
     memory_limit_mb: int = 8192  # address-space headroom of the harness (CPU target only)

@@ -7,7 +7,10 @@ WORKFLOW_QUEUE = "kopt-workflows"
 AGENTS_QUEUE = "kopt-agents"
 EXEC_CPU_QUEUE = "kopt-exec-cpu"
 
+# Workflow type names (the workflows' @workflow.defn names): start them through the classes' methods,
+# search history by these.
 WORKFLOW_NAME = "OptimizeKernel"
+REVERIFY_WORKFLOW_NAME = "ReverifyBest"
 
 DEFAULT_GPU_CLASS = "h100"  # --target cuda without --gpu-class (classes: kopt/gpu_classes.py)
 

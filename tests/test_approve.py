@@ -12,9 +12,10 @@ from frontend.inspect import approve, status
 from frontend.runs import prepare_request
 from kopt import queues
 from kopt.errors import UsageError
-from kopt.run_models import OptimizeResult, Progress
+from kopt.run_models import OptimizeResult
 from kopt.settings import Settings
 from tests.conftest import REPO, cpu_cluster
+from workflows.optimize import OptimizeKernel
 
 
 async def _run(server, home):
@@ -28,7 +29,7 @@ async def _run(server, home):
         with pytest.raises(UsageError, match="no candidate is waiting"):
             await approve(client, wf_id, "nope", True, out=io.StringIO())
         for _ in range(600):
-            progress = await handle.query("progress", result_type=Progress)
+            progress = await handle.query(OptimizeKernel.progress)
             if progress.pending_approval:
                 break
             await asyncio.sleep(0.2)

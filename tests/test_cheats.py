@@ -11,6 +11,7 @@ Each cheat source says what it does and what must catch it in its header:
   // static:  (optional) what the static checks also say about it
   // package: (optional) scale2; default silu_and_mul
   // timing:  (optional) the profile's timing mode (graph, cold); default auto
+  // large:   (optional) yes: the test job checks the large shape, as the gates (kopt evaluate, verify) do
 Runtime cheats run through the harness alone (no static checks), so each test shows that the
 runtime layer catches its cheat by itself. CPU cheats run here; CUDA ones on a GPU (marker gpu).
 The package baselines must pass the same calibrated checks: no false rejections.
@@ -53,6 +54,7 @@ class Cheat:
     layer: str
     static: str | None
     timing: str = "auto"
+    large: bool = False
 
     @property
     def source(self) -> str:
@@ -72,6 +74,7 @@ def load_cheats(target: str) -> list[Cheat]:
             name=path.stem, path=path, target=target, package=_header(text, "package") or "silu_and_mul",
             expect=tuple(e.strip() for e in _header(text, "expect").split("|")), layer=_header(text, "layer"),
             static=_header(text, "static"), timing=_header(text, "timing") or "auto",
+            large=_header(text, "large") == "yes",
         ))  # fmt: skip
     return out
 
@@ -94,7 +97,8 @@ async def run_cheat(cheat: Cheat, lib: Path, baseline: Path, target: str, sem: a
     spec = load_spec(pkg)
     mode = "profile" if cheat.layer in ("profile", "ab") else "test"
     timeout = HANG_TIMEOUT_S if cheat.name == "hang" else 120.0
-    req = request(spec, target, "bench" if mode == "profile" else "test", timeout, timing_mode=cheat.timing)
+    req = request(spec, target, "bench" if mode == "profile" else "test", timeout, timing_mode=cheat.timing,
+                  large_shapes=cheat.large)
     async with sem:
         if cheat.layer == "fault":
             return await runner.run_test(req.model_copy(update={"source": cheat.source}), lib, pkg, spec,

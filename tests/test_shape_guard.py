@@ -17,7 +17,7 @@ from kopt.models import ABResult, ProfileResult, ShapeAB
 from kopt.run_models import OptimizeResult
 from kopt.settings import Settings
 from tests.conftest import REPO, cpu_cluster
-from workflows.optimize import speedups
+from workflows.rules import speedups
 
 TRADEOFF = REPO / "tests" / "fixtures" / "tradeoff"
 

@@ -10,48 +10,62 @@ candidate and a compact summary of the rounds so far.
 from __future__ import annotations
 
 import asyncio
-import math
 from datetime import timedelta
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from kopt import queues
-    from kopt.activity_table import ACTIVITIES, activity_id
-    from kopt.search_attributes import BEST_KEY, KERNEL_KEY, ROUND_KEY
+    from kopt.activity_table import (
+        ANALYZE,
+        CODE,
+        COMPILE,
+        DESIGN_TESTS,
+        PLAN,
+        PROFILE,
+        REPAIR,
+        SINGLE_AGENT,
+        TEST,
+        ActivityDef,
+        activity_id,
+    )
     from kopt.agent_models import (
         BAD_REPLY_TYPES,
+        EVALUATING,
         STOP_TYPES,
         AgentCodeRequest,
         AgentPlanRequest,
         AnalyzeRequest,
-        CodeOutput,
         Diagnosis,
-        DiagnosisOutput,
-        EVALUATING,
         LLMCall,
-        PlanOutput,
-        SingleAgentOutput,
         SingleAgentRequest,
-        TestDesignOutput,
         TestDesignRequest,
         repair_request,
+    )
+    from kopt.candidates import candidate_id, unified_diff
+    from kopt.dispatch import (
+        bucket_labels,
+        bucket_speedup,
+        choose,
+        edge_shapes,
+        interior_shapes,
+        specialized_source,
+        split_shapes,
     )
     from kopt.models import (
         ArtifactRef,
         Candidate,
         CodeResult,
         CompileRequest,
-        CompileResult,
         ExecRequest,
         Plan,
-        ProfileResult,
         RoundRecord,
         Shape,
-        ShapeSpeedup,
         TestResult,
     )
+    from kopt.package import PackageError
     from kopt.plan_history import compact_history
     from kopt.run_models import (
         Approval,
@@ -66,10 +80,9 @@ with workflow.unsafe.imports_passed_through():
         SpecializedResult,
         Usage,
     )
-    from kopt.candidates import candidate_id, unified_diff
-    from kopt.dispatch import (bucket_labels, bucket_speedup, choose, edge_shapes, interior_shapes,
-                               specialized_source, split_shapes)
-    from kopt.package import PackageError
+    from kopt.search_attributes import BEST_KEY, KERNEL_KEY, ROUND_KEY
+    from workflows import rules
+    from workflows.rules import Stop, StopKind, geomean, significant, speedups
 
 # Runs started with LLM_FAULTS_PATCH (docs/decisions/0016): an unusable reply fails its candidate and
 # the round goes on; an unavailable endpoint is retried with backoff for as long as the wall-time
@@ -86,7 +99,8 @@ SHAPE_GUARD_PATCH = "shape-regressions"
 # (kopt.models.regression_limit; docs/decisions/0027); older histories replay the 2 % limit alone.
 NOISE_FLOOR_PATCH = "shape-guard-noise-floor"
 BAD_REPLIES_BEFORE_FALLBACK = 3  # consecutive unusable replies of one role, then its offline stand-in
-OFFLINE_FALLBACK = ("plan", "code")  # roles with an offline stand-in (the others are skipped instead)
+OFFLINE_FALLBACK = (PLAN.name, CODE.name)  # roles with an offline stand-in (the others are skipped instead)
+R = TypeVar("R")
 MAX_EVENTS = 200
 # Plan requests carry the last records in full and a digest of the older ones (kopt.plan_history);
 # histories recorded before this change replay the old path, which sent every record.
@@ -108,36 +122,12 @@ class BadReply(Exception):
 
 
 class StopRun(Exception):
-    """The LLM endpoint refuses in a way no retry can fix, or the wall-time budget ran out waiting."""
+    """The LLM endpoint refuses in a way no retry can fix ("llm"), or the wall-time budget ran out
+    waiting for it ("budget")."""
 
-
-def speedups(baseline: ProfileResult, candidate: ProfileResult, floored: bool = False) -> list[ShapeSpeedup]:
-    """Per-shape speedups: from the interleaved A/B when the profile has one (with its noise floor
-    when `floored`: NOISE_FLOOR_PATCH), else from medians."""
-    sol = {(t.shape, t.dtype): t.pct_sol for t in candidate.timings}
-    if candidate.ab is not None and candidate.ab.per_shape:
-        floor = candidate.ab.noise_floor if floored else 0.0
-        return [ShapeSpeedup(shape=a.shape, dtype=a.dtype, baseline_us=a.baseline_us, candidate_us=a.candidate_us,
-                             speedup=a.speedup, pct_sol=sol.get((a.shape, a.dtype)), ci_low=a.ci_low,
-                             ci_high=a.ci_high, noise_floor=floor) for a in candidate.ab.per_shape]  # fmt: skip
-    base = {(t.shape, t.dtype): t for t in baseline.timings}
-    out = []
-    for t in candidate.timings:
-        b = base.get((t.shape, t.dtype))
-        if b is None or t.median_us <= 0:
-            continue
-        out.append(ShapeSpeedup(shape=t.shape, dtype=t.dtype, baseline_us=b.median_us, candidate_us=t.median_us,
-                                speedup=b.median_us / t.median_us, pct_sol=t.pct_sol))
-    return out
-
-
-def significant(profile: ProfileResult) -> bool:
-    """A speedup over the baseline is real only if the A/B interval clears the noise floor."""
-    return profile.ab is None or profile.ab.verdict == "faster"
-
-
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
+    def __init__(self, text: str, kind: StopKind = "llm") -> None:
+        super().__init__(text)
+        self.kind = kind
 
 
 def shape_limits(req: OptimizeRequest) -> dict[str, int]:
@@ -165,6 +155,7 @@ class OptimizeKernel:
         self._bad_replies: dict[str, int] = {}  # activity -> consecutive unusable replies
         self._fallback: set[str] = set()  # activities now served by the offline provider
         self._stop: str | None = None  # why the LLM endpoint ended the run
+        self._stop_kind: StopKind = "llm"
         self._started_at: float | None = None
         self._req: OptimizeRequest | None = None
         self._cache_round: int | None = None  # the round that may read the reply cache (kopt resume)
@@ -234,7 +225,8 @@ class OptimizeKernel:
         self._progress.best_speedup = state.best_summary.speedup_geomean
         self._started_at = state.started_at
         first_round = state.next_round
-        stop_reason = None
+        stop_reason: str | None = None
+        stop_kind: StopKind | None = None
 
         for rnd in range(first_round, req.rounds + 1):
             if rnd > first_round and (rnd - first_round >= req.continue_every
@@ -244,19 +236,21 @@ class OptimizeKernel:
                 state.events, state.event_total, state.usage = self._progress.events, self._progress.event_total, \
                     self._usage
                 workflow.continue_as_new(req.model_copy(update={"state": state}))
-            stop_reason = self._stop_reason(req, state)
-            if stop_reason:
+            stop = self._stop_reason(req, state)
+            if stop:
+                stop_reason, stop_kind = stop.text, stop.kind
                 self._event(f"stopping before round {rnd}: {stop_reason}")
                 break
             self._progress.round = rnd
             try:
                 records = await self._round(req, state, rnd)
-            except StopRun as stop:
-                stop_reason = self._stop = str(stop)
+            except StopRun as stopped:
+                stop_reason = self._stop = str(stopped)
+                stop_kind = self._stop_kind = stopped.kind
                 self._event(f"stopping in round {rnd}: {stop_reason}")
                 break
             if records is None:
-                stop_reason = "the planner has nothing new to try"
+                stop_reason, stop_kind = "the planner has nothing new to try", "exhausted"
                 break
             state.rounds.extend(records)
             improved = any(r.accepted for r in records)
@@ -268,7 +262,7 @@ class OptimizeKernel:
         specialized = None
         dispatch = spec.dispatch.get(req.target)
         if dispatch is not None and workflow.patched(SPECIALIZE_PATCH):
-            if stop_reason and "budget reached" in stop_reason:
+            if stop_reason and stop_kind == "budget":
                 specialized = SpecializedResult(buckets=bucket_labels(dispatch), reason=f"skipped: {stop_reason}")
             else:
                 specialized = await self._specialize(req, state, dispatch)
@@ -305,7 +299,7 @@ class OptimizeKernel:
                               baseline_library=baseline, baseline_id=req.baseline.id if baseline else None,
                               time_cap_s=req.time_cap_s)
         at = (HOLDOUT_ROUND, 0)
-        tested: TestResult = await workflow.execute_activity("test", request, **self._options("test", req, at))
+        tested = await TEST.execute(request, **self._options(TEST, req, at))
         self._usage.device_seconds += tested.seconds
         if not tested.correct:
             result.reason = f"wrong at a held-out shape: {tested.reason}"
@@ -317,8 +311,7 @@ class OptimizeKernel:
             result.reason = "the best is the baseline: correct, nothing to time against"
             self._event("held-out: the baseline is correct there; no best to compare")
             return result
-        profiled: ProfileResult = await workflow.execute_activity("profile", request,
-                                                                  **self._options("profile", req, at))
+        profiled = await PROFILE.execute(request, **self._options(PROFILE, req, at))
         self._usage.device_seconds += profiled.seconds
         if not profiled.ok or profiled.ab is None:
             result.reason = f"not timed: {profiled.reason or 'no A/B against the baseline'}"
@@ -398,9 +391,7 @@ class OptimizeKernel:
             ours, best_s = bucket_speedup(outcome.per_shape, bucket), bucket_speedup(state.best_summary.per_shape, bucket)
             ratios.append(ours / best_s if ours and best_s else 1.0)
         result.bucket_gains = [round(r, 4) for r in ratios]
-        gain = (outcome.speedup_geomean > before * (1 + req.min_gain)
-                or (outcome.speedup_geomean >= before and max(ratios) > 1 + req.min_gain
-                    and min(ratios) * (1 + req.min_gain) >= 1))
+        gain = rules.bucket_gain(outcome.speedup_geomean, before, ratios, req.min_gain)
         if result.regressions and not req.allow_regressions:
             result.reason = f"slower than the baseline at {', '.join(result.regressions)}"
         elif not gain or not significant(outcome.profile):
@@ -420,23 +411,11 @@ class OptimizeKernel:
                     + (" -> new best" if result.accepted else f"; kept the best ({result.reason})"))
         return result
 
-    def _stop_reason(self, req: OptimizeRequest, state: RunState) -> str | None:
+    def _stop_reason(self, req: OptimizeRequest, state: RunState) -> Stop | None:
         if self._stop:
-            return self._stop
-        b, u = req.budgets, self._usage
-        if b.max_cost_usd is not None and u.cost_usd >= b.max_cost_usd:
-            return f"cost budget reached (${u.cost_usd:.4f} >= ${b.max_cost_usd})"
-        if b.max_tokens is not None and u.prompt_tokens + u.completion_tokens >= b.max_tokens:
-            return f"token budget reached ({u.prompt_tokens + u.completion_tokens} >= {b.max_tokens})"
-        if b.max_gpu_seconds is not None and u.device_seconds >= b.max_gpu_seconds:
-            return f"device-time budget reached ({u.device_seconds:.1f} s >= {b.max_gpu_seconds} s)"
-        if b.max_wall_time_s is not None and state.started_at is not None:
-            elapsed = workflow.now().timestamp() - state.started_at
-            if elapsed >= b.max_wall_time_s:
-                return f"wall-time budget reached ({elapsed:.0f} s >= {b.max_wall_time_s} s)"
-        if req.patience is not None and state.rounds_since_improvement >= req.patience:
-            return f"no improvement in the last {state.rounds_since_improvement} rounds"
-        return None
+            return Stop(self._stop_kind, self._stop)
+        elapsed = workflow.now().timestamp() - state.started_at if state.started_at is not None else None
+        return rules.stop_reason(req.budgets, self._usage, elapsed, req.patience, state.rounds_since_improvement)
 
     async def _start(self, req: OptimizeRequest) -> RunState | OptimizeResult:
         """Round 0: the test designer (LLM providers), then the baseline's compile, test and profile."""
@@ -447,13 +426,14 @@ class OptimizeKernel:
         if req.provider != "offline":
             self._progress.phase = "design_tests"
             try:
-                design: TestDesignOutput = await self._agent(
-                    "design_tests", TestDesignRequest(package=req.package, target=req.target,
+                design = await self._agent(
+                    DESIGN_TESTS, TestDesignRequest(package=req.package, target=req.target,
                                                       limits=shape_limits(req), llm=req.llm), req, (0, 0))
             except BadReply as bad:
                 self._event(f"round 0: no designed tests ({bad})")
             except StopRun as stop:
-                self._stop = str(stop)  # the baseline is still measured; the loop stops before round 1
+                self._stop, self._stop_kind = str(stop), stop.kind  # the baseline is still measured; the loop stops
+                # before round 1
             else:
                 self._usage.add_calls(design.calls)
                 extra = design.review.accepted
@@ -516,22 +496,21 @@ class OptimizeKernel:
             self._candidate(req, (rnd, slot), state.best, plan, coded, diagnosis)
             for slot, (plan, coded) in zip(slots, proposals)])
 
-        best_slot = None
         regressed: dict[int, list[str]] = {}  # slot -> its slower shapes (SHAPE_GUARD_PATCH)
+        measured: list[tuple[int, float, bool]] = []  # (slot, speedup, eligible as the round's best)
         for slot, (outcome, _) in enumerate(outcomes):
             if outcome.correct and outcome.profile and outcome.profile.ok:
                 slower = _score(state, outcome, self._floored)
                 if self._guard:
                     regressed[slot] = slower
-                    if regressed[slot] and not req.allow_regressions:
-                        continue  # not eligible as the new best
-                if best_slot is None or outcome.speedup_geomean > outcomes[best_slot][0].speedup_geomean:
-                    best_slot = slot
+                measured.append((slot, outcome.speedup_geomean,
+                                 not (self._guard and slower and not req.allow_regressions)))
+        best_slot = rules.round_best(measured)
         accepted = None
         if best_slot is not None:
             outcome, cand = outcomes[best_slot]
-            if (outcome.speedup_geomean > state.best_summary.speedup_geomean * (1 + req.min_gain)
-                    and significant(outcome.profile)):
+            if rules.beats_best(outcome.speedup_geomean, state.best_summary.speedup_geomean, req.min_gain,
+                                significant(outcome.profile)):
                 if not req.approve or await self._await_approval(cand.id, outcome.speedup_geomean):
                     accepted = best_slot
                     state.best, state.best_outcome = cand, outcome
@@ -574,8 +553,8 @@ class OptimizeKernel:
             return None
         self._progress.phase = "analyze"
         try:
-            out: DiagnosisOutput = await self._agent(
-                "analyze", AnalyzeRequest(package=req.package, target=req.target, candidate=state.best,
+            out = await self._agent(
+                ANALYZE, AnalyzeRequest(package=req.package, target=req.target, candidate=state.best,
                                           compile=best.compile, profile=best.profile,
                                           baseline=state.baseline.profile, llm=self._llm(req, rnd)),
                 req, (rnd, 0))
@@ -595,20 +574,20 @@ class OptimizeKernel:
             recent, earlier = compact_history(history)
         plan_req = AgentPlanRequest(package=req.package, target=req.target, round=rnd, best=state.best,
                                     best_speedup=state.best_summary.speedup_geomean, history=recent,
-                                    earlier=earlier, provider=self._provider(req, "plan"), seed=req.seed,
+                                    earlier=earlier, provider=self._provider(req, PLAN), seed=req.seed,
                                     llm=self._llm(req, rnd), diagnosis=diagnosis)
         if req.single_agent:
             self._progress.phase = "single_agent"
             try:
-                both: SingleAgentOutput = await self._agent(
-                    "single_agent", SingleAgentRequest(**dict(plan_req), toolchain=req.toolchain), req, at)
+                both = await self._agent(
+                    SINGLE_AGENT, SingleAgentRequest(**dict(plan_req), toolchain=req.toolchain), req, at)
             except BadReply as bad:
                 return str(bad)
             self._usage.add_calls(both.calls)
             return None if both.plan.exhausted else (both.plan, both.result)
         self._progress.phase = "plan"
         try:
-            planned: PlanOutput = await self._agent("plan", plan_req, req, at)
+            planned = await self._agent(PLAN, plan_req, req, at)
         except BadReply as bad:
             return str(bad)
         self._usage.add_calls(planned.calls)
@@ -616,9 +595,9 @@ class OptimizeKernel:
             return None
         self._progress.phase = "code"
         try:
-            coded: CodeOutput = await self._agent(
-                "code", AgentCodeRequest(package=req.package, target=req.target, toolchain=req.toolchain,
-                                         plan=planned.plan, base=state.best, provider=self._provider(req, "code"),
+            coded = await self._agent(
+                CODE, AgentCodeRequest(package=req.package, target=req.target, toolchain=req.toolchain,
+                                         plan=planned.plan, base=state.best, provider=self._provider(req, CODE),
                                          llm=self._llm(req, rnd), diagnosis=diagnosis), req, at)
         except BadReply as bad:
             return str(bad)
@@ -632,13 +611,12 @@ class OptimizeKernel:
         cand = coded.candidate
         outcome = await self._evaluate(req, at, cand, plan.description, coded.diff, self._extra_shapes)
         if (outcome.compile is not None and not outcome.compile.ok and req.provider != "offline"
-                and "code" not in self._fallback):
+                and CODE.name not in self._fallback):
             self._event(f"round {rnd}: {cand.id} did not compile; one repair turn")
             code_req = AgentCodeRequest(package=req.package, target=req.target, toolchain=req.toolchain, plan=plan,
                                         base=base, provider=req.provider, llm=self._llm(req, rnd), diagnosis=diagnosis)
             try:
-                fixed: CodeOutput = await self._agent("repair", repair_request(code_req, cand, outcome.compile),
-                                                      req, at)
+                fixed = await self._agent(REPAIR, repair_request(code_req, cand, outcome.compile), req, at)
             except BadReply as bad:
                 self._event(f"round {rnd}: {cand.id}: no repair ({bad})")
                 return outcome, cand
@@ -648,32 +626,33 @@ class OptimizeKernel:
                                            self._extra_shapes)
         return outcome, cand
 
-    def _provider(self, req: OptimizeRequest, name: str) -> str:
-        return "offline" if name in self._fallback else req.provider
+    def _provider(self, req: OptimizeRequest, defn: ActivityDef) -> str:
+        return "offline" if defn.name in self._fallback else req.provider
 
-    def _options(self, name: str, req: OptimizeRequest, at: tuple[int, int]) -> dict:
-        """execute_activity's options for `name`, from the activity table (and the id, ACTIVITY_IDS_PATCH)."""
-        opts = ACTIVITIES[name].options(req.target, req.toolchain, req.gpu_class, req.timeouts, self._patient)
+    def _options(self, defn: ActivityDef, req: OptimizeRequest, at: tuple[int, int]) -> dict:
+        """execute_activity's options for `defn`, from the activity table (and the id, ACTIVITY_IDS_PATCH)."""
+        opts = defn.options(req.target, req.toolchain, req.gpu_class, req.timeouts, self._patient)
         if self._ids:
             self._calls += 1
-            opts["activity_id"] = activity_id(at[0], at[1], name, self._calls)
+            opts["activity_id"] = activity_id(at[0], at[1], defn.name, self._calls)
         return opts
 
-    async def _agent(self, name: str, arg, req: OptimizeRequest, at: tuple[int, int]):
-        opts = self._options(name, req, at)
+    async def _agent(self, defn: ActivityDef[Any, R], arg, req: OptimizeRequest, at: tuple[int, int]) -> R:
+        name = defn.name
+        opts = self._options(defn, req, at)
         if req.llm is not None:
             opts["start_to_close_timeout"] = max(opts["start_to_close_timeout"], req.llm.activity_timeout())
         if not self._patient:
-            return await workflow.execute_activity(name, arg, **opts)
+            return await defn.execute(arg, **opts)
         # An unavailable endpoint is retried (the patient retry policy, or the server's Retry-After) until the
         # wall-time budget.
         left = None
         if req.budgets.max_wall_time_s is not None and self._started_at is not None:
             left = timedelta(seconds=max(req.budgets.max_wall_time_s - (workflow.now().timestamp() - self._started_at),
                                          1.0))
-        who = ACTIVITIES[name].who
+        who = defn.who
         try:
-            out = await workflow.execute_activity(name, arg, schedule_to_close_timeout=left, **opts)
+            out = await defn.execute(arg, schedule_to_close_timeout=left, **opts)
         except ActivityError as err:
             cause = err.cause
             if isinstance(cause, ApplicationError):
@@ -685,12 +664,12 @@ class OptimizeKernel:
                     # Temporal ends an unlimited retry with the last failure when the next attempt would
                     # start after the schedule-to-close deadline: the wall-time budget.
                     raise StopRun(f"wall-time budget reached while waiting for the LLM endpoint ({who}; last "
-                                  f"error: {cause.message})") from None
+                                  f"error: {cause.message})", "budget") from None
                 raise StopRun(f"{who}: {cause.message}") from None
             if isinstance(cause, TimeoutError) and left is not None:
                 last = cause.cause.message if isinstance(cause.cause, ApplicationError) else "no reply"
                 raise StopRun(f"wall-time budget reached while waiting for the LLM endpoint ({who}; last error: "
-                              f"{last})") from None
+                              f"{last})", "budget") from None
             raise
         self._bad_replies[name] = 0
         return out
@@ -720,29 +699,29 @@ class OptimizeKernel:
         outcome = CandidateOutcome(round=rnd, candidate_id=cand.id, description=description,
                                    tunables=cand.tunables, flags=cand.flags, diff=diff)
         self._progress.phase = "compile"
-        compiled: CompileResult = await workflow.execute_activity(
-            "compile", CompileRequest(package=req.package, target=req.target, toolchain=req.toolchain, candidate=cand),
-            **self._options("compile", req, at))
+        compiled = await COMPILE.execute(
+            CompileRequest(package=req.package, target=req.target, toolchain=req.toolchain, candidate=cand),
+            **self._options(COMPILE, req, at))
         outcome.compile = compiled
         if not compiled.ok or compiled.library is None:
             return outcome
         shapes = req.package.spec.shapes[req.target]
 
-        async def run_exec(kind: str, shape_list: list[Shape]):
+        async def run_exec(defn: ActivityDef, shape_list: list[Shape]):
             baseline = self._baseline_library if cand.id != req.baseline.id else None
             request = ExecRequest(package=req.package, target=req.target, candidate_id=cand.id,
                                   library=compiled.library, shapes=shape_list, dtypes=req.package.spec.dtypes,
                                   seed=req.seed * 1_000_003 + rnd, source=cand.source, baseline_library=baseline,
                                   baseline_id=req.baseline.id if baseline else None, time_cap_s=req.time_cap_s)
-            self._progress.phase = kind
-            result = await workflow.execute_activity(kind, request, **self._options(kind, req, at))
+            self._progress.phase = defn.name
+            result = await defn.execute(request, **self._options(defn, req, at))
             self._usage.device_seconds += result.seconds
             return result
 
-        tested: TestResult = await run_exec("test", [*shapes.test, *extra_shapes])
+        tested: TestResult = await run_exec(TEST, [*shapes.test, *extra_shapes])
         outcome.test, outcome.correct = tested, tested.correct
         if tested.correct:
-            outcome.profile = await run_exec("profile", req.workload or shapes.bench)
+            outcome.profile = await run_exec(PROFILE, req.workload or shapes.bench)
         return outcome
 
 

@@ -13,24 +13,21 @@ import asyncio
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from kopt.activity_table import ACTIVITIES
+    from kopt import queues
+    from kopt.activity_table import COMPILE, PROFILE, TEST, ActivityDef
     from kopt.models import (
         Candidate,
         CompileRequest,
         CompileResult,
         ExecRequest,
-        ProfileResult,
-        TestResult,
         slower_beyond,
     )
     from kopt.run_models import ClassVerdict, ReverifyRequest, ReverifyResult
 
 from workflows.optimize import NOISE_FLOOR_PATCH  # the same rule and patch as OptimizeKernel's shape guard
 
-REVERIFY_WORKFLOW = "ReverifyBest"
 
-
-@workflow.defn(name=REVERIFY_WORKFLOW)
+@workflow.defn(name=queues.REVERIFY_WORKFLOW_NAME)
 class ReverifyBest:
     @workflow.run
     async def run(self, req: ReverifyRequest) -> ReverifyResult:
@@ -48,12 +45,12 @@ class ReverifyBest:
         return ReverifyResult(run=req.run, candidate_id=req.best.id, verdicts=verdicts,
                               ok=all(v.ok for v in verdicts))  # fmt: skip
 
-    def _options(self, name: str, req: ReverifyRequest, gpu_class: str | None) -> dict:
-        return ACTIVITIES[name].options(req.target, req.toolchain, gpu_class, req.timeouts)
+    def _options(self, defn: ActivityDef, req: ReverifyRequest, gpu_class: str | None) -> dict:
+        return defn.options(req.target, req.toolchain, gpu_class, req.timeouts)
 
     async def _compile(self, req: ReverifyRequest, cand: Candidate) -> CompileResult:
         arg = CompileRequest(package=req.package, target=req.target, toolchain=req.toolchain, candidate=cand)
-        return await workflow.execute_activity("compile", arg, **self._options("compile", req, None))
+        return await COMPILE.execute(arg, **self._options(COMPILE, req, None))
 
     async def _judge(self, req: ReverifyRequest, gpu_class: str | None, base: CompileResult,
                      best: CompileResult, floored: bool) -> ClassVerdict:  # fmt: skip
@@ -65,12 +62,10 @@ class ReverifyBest:
                                source=req.best.source, baseline_library=base.library,
                                baseline_id=req.baseline.id)  # fmt: skip
 
-        tested: TestResult = await workflow.execute_activity(
-            "test", request(shapes.test), **self._options("test", req, gpu_class))
+        tested = await TEST.execute(request(shapes.test), **self._options(TEST, req, gpu_class))
         if not tested.correct:
             return ClassVerdict(gpu_class=gpu_class, correct=False, reason=tested.reason)
-        profiled: ProfileResult = await workflow.execute_activity(
-            "profile", request(shapes.bench), **self._options("profile", req, gpu_class))
+        profiled = await PROFILE.execute(request(shapes.bench), **self._options(PROFILE, req, gpu_class))
         if not profiled.ok or profiled.ab is None:
             return ClassVerdict(gpu_class=gpu_class, correct=False, reason=f"profile failed: {profiled.reason}")
         floor = profiled.ab.noise_floor if floored else 0.0

@@ -1,0 +1,104 @@
+"""The optimization run's decision rules (workflows/rules.py), without a server or a kernel."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from kopt.models import ABResult, ProfileResult, ShapeAB, ShapeTiming
+from kopt.run_models import Budgets, Usage
+from workflows import rules
+
+RULES = Path(rules.__file__)
+
+
+def test_the_rules_import_nothing_of_temporal_and_touch_no_clock():
+    names = set()
+    for node in ast.walk(ast.parse(RULES.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    assert names <= {"__future__", "math", "dataclasses", "typing", "kopt"}, names
+
+
+@pytest.mark.parametrize(("measured", "best"), [
+    ([], None),
+    ([(0, 1.2, False)], None),  # the only one slower than the baseline somewhere
+    ([(0, 1.1, True), (1, 1.3, True)], 1),
+    ([(0, 1.3, True), (1, 1.3, True)], 0),  # a tie: the earlier slot
+    ([(0, 1.5, False), (1, 1.2, True)], 1),  # the fastest is not eligible
+])  # fmt: skip
+def test_the_round_best_is_the_fastest_eligible_slot(measured, best):
+    assert rules.round_best(measured) == best
+
+
+@pytest.mark.parametrize(("speedup", "best", "significant", "accepted"), [
+    (1.06, 1.0, True, True),
+    (1.05, 1.0, True, False),  # exactly min_gain: not more than it
+    (1.04, 1.0, True, False),
+    (1.20, 1.0, False, False),  # inside the A/B's noise
+    (2.11, 2.0, True, True),  # min_gain is relative to the best, not the baseline
+    (2.09, 2.0, True, False),
+])  # fmt: skip
+def test_min_gain_and_significance_decide_a_new_best(speedup, best, significant, accepted):
+    assert rules.beats_best(speedup, best, 0.05, significant) is accepted
+
+
+@pytest.mark.parametrize(("speedup", "ratios", "kept"), [
+    (1.10, [1.0, 1.0], True),  # better overall by more than min_gain
+    (1.00, [1.08, 0.99], True),  # a bucket better by min_gain, none worse by it, overall no lower
+    (1.00, [1.08, 0.94], False),  # one bucket loses more than min_gain
+    (0.99, [1.08, 1.0], False),  # overall lower than the best
+    (1.00, [1.04, 1.0], False),  # no bucket gains min_gain
+    (1.00, [], False),
+])  # fmt: skip
+def test_the_bucket_rule_of_a_specialized_library(speedup, ratios, kept):
+    assert rules.bucket_gain(speedup, 1.0, ratios, 0.05) is kept
+
+
+def test_stop_reasons_are_kinds_with_texts_in_order():
+    none = Budgets()
+    assert rules.stop_reason(none, Usage(), 10.0, None, 0) is None
+    assert rules.stop_reason(none, Usage(), None, None, 0, llm_stop="planner: HTTP 401") == \
+        rules.Stop("llm", "planner: HTTP 401")  # fmt: skip
+    spent = Usage(cost_usd=2.0, prompt_tokens=900, completion_tokens=200, device_seconds=50.0)
+    cost = rules.stop_reason(Budgets(max_cost_usd=1.5, max_tokens=10), spent, None, None, 0)
+    assert cost == rules.Stop("budget", "cost budget reached ($2.0000 >= $1.5)")  # the first check that holds
+    assert rules.stop_reason(Budgets(max_tokens=1000), spent, None, None, 0).text == \
+        "token budget reached (1100 >= 1000)"  # fmt: skip
+    assert rules.stop_reason(Budgets(max_gpu_seconds=50), spent, None, None, 0).kind == "budget"
+    wall = rules.stop_reason(Budgets(max_wall_time_s=100), Usage(), 157.2, None, 0)
+    assert wall == rules.Stop("budget", "wall-time budget reached (157 s >= 100.0 s)")
+    assert rules.stop_reason(Budgets(max_wall_time_s=100), Usage(), 99.9, None, 0) is None
+    assert rules.stop_reason(Budgets(max_wall_time_s=100), Usage(), None, None, 0) is None  # not started yet
+    assert rules.stop_reason(none, Usage(), None, 3, 3) == rules.Stop("patience", "no improvement in the last 3 rounds")
+    assert rules.stop_reason(none, Usage(), None, 3, 2) is None
+
+
+def _profile(verdict: str | None, medians: dict[str, float]) -> ProfileResult:
+    timings = [ShapeTiming(shape=s, dtype="float16", median_us=m, p10_us=m, p90_us=m, samples=10, gbytes_per_s=1.0)
+               for s, m in medians.items()]  # fmt: skip
+    ab = None
+    if verdict is not None:
+        ab = ABResult(per_shape=[ShapeAB(shape=s, dtype="float16", mode="cold", baseline_us=2 * m, candidate_us=m,
+                                         speedup=2.0, ci_low=1.9, ci_high=2.1, baseline_samples=10,
+                                         candidate_samples=10) for s, m in medians.items()],
+                      speedup_geomean=2.0, ci_low=1.9, ci_high=2.1, verdict=verdict, noise_floor=0.03)  # fmt: skip
+    return ProfileResult(candidate_id="c", ok=True, timings=timings, ab=ab)
+
+
+def test_speedups_come_from_the_ab_when_there_is_one_else_from_medians():
+    base = _profile(None, {"T=1": 10.0, "T=2": 20.0})
+    cand = _profile(None, {"T=1": 5.0, "T=2": 40.0, "T=3": 1.0})
+    by_median = rules.speedups(base, cand)
+    assert [(s.shape, s.speedup) for s in by_median] == [("T=1", 2.0), ("T=2", 0.5)]  # T=3: no baseline
+    ab = rules.speedups(base, _profile("faster", {"T=1": 5.0}), floored=True)
+    assert [(s.speedup, s.noise_floor, s.ci_low) for s in ab] == [(2.0, 0.03, 1.9)]
+    assert rules.speedups(base, _profile("faster", {"T=1": 5.0}))[0].noise_floor == 0.0
+    assert rules.significant(_profile("faster", {"T=1": 5.0}))
+    assert not rules.significant(_profile("same", {"T=1": 5.0}))
+    assert rules.significant(_profile(None, {"T=1": 5.0}))  # no A/B (CPU timing alone): medians decide
+    assert rules.geomean([2.0, 8.0]) == pytest.approx(4.0) and rules.geomean([]) == 0.0

@@ -1,0 +1,102 @@
+"""The optimization run's decision rules, as pure functions: no temporalio, no I/O, no clock.
+
+OptimizeKernel (workflows/optimize.py) decides through these, so each rule is tested on its own
+(tests/test_rules.py) without a server or a kernel: which candidate of a round is the round's best,
+whether it replaces the run's best (min-gain, significance), the bucket rule of a shape-specialized
+library, and why a run stops (as a kind and a text). Changing a rule changes what runs decide: guard it
+with a workflow patch as the callers do.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from kopt.models import ProfileResult, ShapeSpeedup
+from kopt.run_models import Budgets, Usage
+
+StopKind = Literal["budget", "patience", "llm", "exhausted"]
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why a run stops before its last round: `kind` for code to act on, `text` for people."""
+
+    kind: StopKind
+    text: str
+
+
+def speedups(baseline: ProfileResult, candidate: ProfileResult, floored: bool = False) -> list[ShapeSpeedup]:
+    """Per-shape speedups: from the interleaved A/B when the profile has one (with its noise floor
+    when `floored`: NOISE_FLOOR_PATCH), else from medians."""
+    sol = {(t.shape, t.dtype): t.pct_sol for t in candidate.timings}
+    if candidate.ab is not None and candidate.ab.per_shape:
+        floor = candidate.ab.noise_floor if floored else 0.0
+        return [ShapeSpeedup(shape=a.shape, dtype=a.dtype, baseline_us=a.baseline_us, candidate_us=a.candidate_us,
+                             speedup=a.speedup, pct_sol=sol.get((a.shape, a.dtype)), ci_low=a.ci_low,
+                             ci_high=a.ci_high, noise_floor=floor) for a in candidate.ab.per_shape]  # fmt: skip
+    base = {(t.shape, t.dtype): t for t in baseline.timings}
+    out = []
+    for t in candidate.timings:
+        b = base.get((t.shape, t.dtype))
+        if b is None or t.median_us <= 0:
+            continue
+        out.append(ShapeSpeedup(shape=t.shape, dtype=t.dtype, baseline_us=b.median_us, candidate_us=t.median_us,
+                                speedup=b.median_us / t.median_us, pct_sol=t.pct_sol))
+    return out
+
+
+def significant(profile: ProfileResult) -> bool:
+    """A speedup over the baseline is real only if the A/B interval clears the noise floor."""
+    return profile.ab is None or profile.ab.verdict == "faster"
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
+
+
+def round_best(measured: list[tuple[int, float, bool]]) -> int | None:
+    """The slot of a round's best: the fastest (slot, speedup, eligible) that is eligible (correct,
+    measured, and no shape slower than the baseline unless regressions are allowed); the earlier slot
+    on a tie; None when no slot is eligible."""
+    best: tuple[int, float] | None = None
+    for slot, speedup, eligible in measured:
+        if eligible and (best is None or speedup > best[1]):
+            best = (slot, speedup)
+    return None if best is None else best[0]
+
+
+def beats_best(speedup: float, best_speedup: float, min_gain: float, is_significant: bool) -> bool:
+    """A round's best replaces the run's best: faster than it by more than min_gain, and faster than
+    the baseline beyond the A/B's noise."""
+    return speedup > best_speedup * (1 + min_gain) and is_significant
+
+
+def bucket_gain(speedup: float, best_speedup: float, bucket_ratios: list[float], min_gain: float) -> bool:
+    """A shape-specialized library replaces the best: better by min_gain overall, or no worse overall
+    with one bucket better by min_gain and none worse by it (a prefill win that decode-heavy weights
+    hide). `bucket_ratios`: each bucket's speedup over the best's."""
+    if speedup > best_speedup * (1 + min_gain):
+        return True
+    return (speedup >= best_speedup and max(bucket_ratios, default=1.0) > 1 + min_gain
+            and min(bucket_ratios, default=1.0) * (1 + min_gain) >= 1)  # fmt: skip
+
+
+def stop_reason(budgets: Budgets, usage: Usage, elapsed_s: float | None, patience: int | None,
+                rounds_since_improvement: int, llm_stop: str | None = None) -> Stop | None:  # fmt: skip
+    """Why the run stops before its next round, or None. The order is the order of the checks."""
+    if llm_stop:
+        return Stop("llm", llm_stop)
+    b, u = budgets, usage
+    if b.max_cost_usd is not None and u.cost_usd >= b.max_cost_usd:
+        return Stop("budget", f"cost budget reached (${u.cost_usd:.4f} >= ${b.max_cost_usd})")
+    if b.max_tokens is not None and u.prompt_tokens + u.completion_tokens >= b.max_tokens:
+        return Stop("budget", f"token budget reached ({u.prompt_tokens + u.completion_tokens} >= {b.max_tokens})")
+    if b.max_gpu_seconds is not None and u.device_seconds >= b.max_gpu_seconds:
+        return Stop("budget", f"device-time budget reached ({u.device_seconds:.1f} s >= {b.max_gpu_seconds} s)")
+    if b.max_wall_time_s is not None and elapsed_s is not None and elapsed_s >= b.max_wall_time_s:
+        return Stop("budget", f"wall-time budget reached ({elapsed_s:.0f} s >= {b.max_wall_time_s} s)")
+    if patience is not None and rounds_since_improvement >= patience:
+        return Stop("patience", f"no improvement in the last {rounds_since_improvement} rounds")
+    return None
