@@ -116,14 +116,24 @@ def fuzz_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None = N
 def large_shape(spec: KernelSpec, target: str, seed: int, budget: int | None = None,
                 exclude: list[dict[str, int]] | None = None) -> list[dict[str, int]]:  # fmt: skip
     """The job's large shape (none where nothing fits): every symbol at its range's maximum, the largest
-    halved to an awkward size in turn until the whole fits the budget, so it lands between half the
-    budget and the budget with awkward sizes."""
+    halved to an awkward size in turn until the whole fits the budget, then grown back to fill it."""
     budget = budget or LARGE_BUDGET.get(target, LARGE_BUDGET["cuda"])
     rng = random.Random(seed ^ 0x1A26E)
     syms = shape_symbols(spec)
     ranges = {s: symbol_range(spec, s, target) for s in syms}
     dims = shrink(spec, {s: ranges[s][1] for s in syms}, ranges, budget, None, rng, {})
-    if dims is None or dims in (exclude or []) or not valid(spec, dims) or empty_range(spec, dims) is not None:
+    if dims is None:
+        return []
+    # Halving overshoots (a quarter of the budget, at worst): grow the symbols back, largest first, to the
+    # most each can take within its range and the budget (odd, to stay awkward).
+    for sym in sorted(syms, key=lambda k: -dims[k]):
+        grown = min(ranges[sym][1], dims[sym] * budget // max(elements(spec, dims), 1))
+        for value in (grown - 1 + grown % 2, grown):
+            trial = {**dims, sym: value}
+            if value > dims[sym] and valid(spec, trial) and elements(spec, trial) <= budget:
+                dims = trial
+                break
+    if dims in (exclude or []) or not valid(spec, dims) or empty_range(spec, dims) is not None:
         return []
     return [dims]
 

@@ -388,3 +388,20 @@ def test_a_fault_far_outside_every_buffer_is_not_blamed_on_an_argument(tmp_path)
     assert not result.correct and result.fault_group is not None
     first = result.reason.splitlines()[0]
     assert "crashed: SIGSEGV" in first and "a stray pointer" in first and "goes through" not in first, first
+
+
+@pytest.mark.parametrize("name", ASTRA)
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_the_gates_large_shape_fills_its_budget_inside_the_ranges(name, target):
+    """A kernel wrong only above some total size (red team, 2026-11-26: a last row dropped once T*D passed
+    2^22) meets the large shape wherever that size is under the budget: the shape takes 95 % of it at least."""
+    spec = load_spec(KERNELS / name)
+    budget = fuzz.LARGE_BUDGET[target]
+    seen = set()
+    for seed in range(30):
+        (dims,) = fuzz.large_shape(spec, target, seed)
+        assert 0.95 * budget <= plan.elements(spec, dims) <= budget, dims
+        assert all(spec.ranges[k][0] <= v <= spec.ranges[k][1] for k, v in dims.items()), dims
+        seen.add(tuple(dims.values()))
+    at_max = sum(dims[k] == spec.ranges[k][1] for k in dims)
+    assert len(seen) > 10 or at_max == len(dims) - 1  # the seed moves it, unless all but one are at their max
