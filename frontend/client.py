@@ -35,10 +35,12 @@ async def connect(address: str, settings: Settings, attempts: int = 50) -> Clien
 
 
 def warming_up(exc: BaseException) -> bool:
-    """An error a server that is still starting gives: no listener yet, or UNAVAILABLE."""
+    """An error a server that is still starting gives: no listener yet, or UNAVAILABLE ("Frontend is not
+    healthy yet"). The SDK raises a RuntimeError "Failed client connect: ..." for both; an address it
+    cannot parse is a ValueError instead."""
     if isinstance(exc, RPCError):
         return exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
-    return isinstance(exc, RuntimeError) and "connection error" in str(exc).lower()
+    return isinstance(exc, RuntimeError) and str(exc).startswith("Failed client connect")
 
 
 def _system_info_request():

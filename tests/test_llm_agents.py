@@ -676,6 +676,8 @@ def test_connect_gives_up_at_once_on_an_address_no_wait_can_fix():
         asyncio.run(connect("localhost:99999", Settings()))
     assert time.monotonic() - start < 2.0
     assert warming_up(RuntimeError("Failed client connect: Server connection error: tcp connect error"))
+    assert warming_up(RuntimeError("Failed client connect: `get_system_info` call error after connection: Status { "
+                                   'code: Unavailable, message: "Frontend is not healthy yet" }'))
     assert warming_up(RPCError("x", RPCStatusCode.UNAVAILABLE, b""))
     assert not warming_up(RPCError("x", RPCStatusCode.PERMISSION_DENIED, b""))
     assert not warming_up(RuntimeError("something else"))
