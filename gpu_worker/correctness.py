@@ -196,11 +196,17 @@ def run_group(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> Gro
 
 # The inputs of each call of an "update" sequence: the first as generated, then CHANGES in turn; the
 # last two find the previous call's outputs still in place, as a caller's reused output buffer does (a
-# kernel that skips a call whose outputs look done). A "repeat" sequence makes REPEAT_CALLS calls on one
-# small buffer set, a few elements changed before each, every other one with the outputs left in place
-# (a kernel that counts its calls on a buffer and turns lazy after many of them).
+# kernel that skips a call whose outputs look done). Where the kernel has in-place arguments, CHAINED
+# calls follow that change nothing: the kernel reads what it wrote itself, as a caller that applies
+# it twice does (a kernel that skips a call on its own unchanged outputs). A "repeat" sequence makes a
+# job-seeded number of calls in REPEAT_RANGE (log-uniform) on one small buffer set, a few elements
+# changed before each, every other one with the outputs left in place (a kernel that counts its calls
+# on a buffer, or its calls in a row, and turns lazy after many of them); REPEAT_CHECKED of them are
+# checked: the first FEW, the last, the rest at random.
 CHANGES = ("one element", "a few elements", "one row")
-REPEAT_CALLS = 100
+CHAINED = 2
+REPEAT_RANGE = (200, 2000)
+REPEAT_CHECKED = 32
 FEW = 8
 BURST_CALLS = 6
 
@@ -208,12 +214,15 @@ BURST_CALLS = 6
 @dataclass
 class Call:
     """One call of a sequence: on buffer set `buffer`, with inputs `inputs`; `keep`: outputs are left as
-    the previous call wrote them instead of poisoned."""
+    the previous call wrote them instead of poisoned; `chain`: nothing is restaged, the inputs are the
+    buffers as the previous call left them (`inputs` None); `check`: its outputs are checked."""
 
     buffer: int
-    inputs: dict[str, torch.Tensor]
+    inputs: dict[str, torch.Tensor] | None
     what: str
     keep: bool = False
+    chain: bool = False
+    check: bool = True
 
 
 def changed(pristine: dict[str, torch.Tensor], donor: dict[str, torch.Tensor], how: str,
@@ -249,21 +258,36 @@ def _restage(case: Case, pristine: dict[str, torch.Tensor], keep: bool) -> None:
             poison(case.tensors[arg.name])
 
 
-def sequence_plan(variant: str, firsts: list[dict], gen: torch.Generator) -> list[list[Call]]:
-    """The calls of a sequence, in bursts: each inner list runs back to back and is checked after."""
+def repeat_calls(gen: torch.Generator) -> int:
+    """The length of a repeat sequence: log-uniform in REPEAT_RANGE, from the job's seed."""
+    lo, hi = REPEAT_RANGE
+    return int(round(math.exp(math.log(lo) + float(torch.rand((), generator=gen)) * math.log(hi / lo))))
+
+
+def sequence_plan(variant: str, firsts: list[dict], gen: torch.Generator, chain: bool = False) -> list[list[Call]]:
+    """The calls of a sequence, in bursts: each inner list runs back to back and is checked after.
+    `chain`: the kernel has in-place arguments (an update sequence ends with CHAINED calls)."""
     kept = ", the last outputs left in place"
     if variant == "update":  # one buffer set, its inputs changed step by step
         calls = [Call(0, firsts[0], "first call")]
         for i, how in enumerate(CHANGES, start=1):
             calls.append(Call(0, changed(calls[-1].inputs, firsts[i], how, gen),
                               f"after {how} of every input changed in place{kept if i > 1 else ''}", i > 1))
+        if chain:
+            calls += [Call(0, None, f"called again on its own outputs ({k} of {CHAINED}: the in-place arguments "
+                                    "hold what the last call wrote, nothing else changed)", True, True)
+                      for k in range(1, CHAINED + 1)]  # fmt: skip
         return [[c] for c in calls]
-    if variant == "repeat":  # one buffer set, called REPEAT_CALLS times
+    if variant == "repeat":  # one buffer set, called repeat_calls() times
+        n = repeat_calls(gen)
+        rest = torch.randperm(n - FEW - 1, generator=gen)[: max(0, REPEAT_CHECKED - FEW - 1)] + FEW
+        checked = set(range(FEW)) | {n - 1} | set(rest.tolist())
         calls = [Call(0, firsts[0], "first call")]
-        for k in range(1, REPEAT_CALLS):
+        for k in range(1, n):
             keep = k % 2 == 0
             calls.append(Call(0, changed(calls[-1].inputs, firsts[1 + k % (len(firsts) - 1)], "a few elements", gen),
-                              f"call {k + 1} on the same buffers, a few elements changed{kept if keep else ''}", keep))
+                              f"call {k + 1} of {n} on the same buffers, a few elements changed{kept if keep else ''}",
+                              keep, check=k in checked))  # fmt: skip
         return [[c] for c in calls]
     # burst: BURST_CALLS buffer sets, each called back to back, twice
     again = [changed(p, firsts[(i + 1) % len(firsts)], "a few elements", gen) for i, p in enumerate(firsts)]
@@ -275,8 +299,10 @@ def sequence_plan(variant: str, firsts: list[dict], gen: torch.Generator) -> lis
 def run_sequence(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> GroupOutcome:
     """Calls that change inputs the way callers do (docs/measurement.md, correctness 4):
     - "update": one call, then, on the same buffers, a call after each CHANGES of the inputs in place
-      (a memo keyed on addresses and a sample of values, or on outputs that look done, answers stale);
-    - "repeat": REPEAT_CALLS calls on one small buffer set (a kernel that counts its calls turns wrong);
+      (a memo keyed on addresses and a sample of values, or on outputs that look done, answers stale),
+      then, with in-place arguments, CHAINED calls on the kernel's own outputs (checked against the
+      reference of the buffers as they are: a kernel that skips a call on what it wrote is stale);
+    - "repeat": repeat_calls() calls on one small buffer set (a kernel that counts its calls turns wrong);
     - "burst": BURST_CALLS calls back to back on buffers of different inputs, then the same buffers
       with a few elements changed, back to back again; outputs checked only after each burst (a replay
       that fires only in a tight loop of calls answers wrong).
@@ -295,20 +321,24 @@ def run_sequence(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> 
     except PackageFault as exc:
         out.skipped = f"skipped: make_inputs() cannot produce it ({exc})"
         return out
-    bursts = sequence_plan(group.variant, firsts, gen)
+    bursts = sequence_plan(group.variant, firsts, gen, chain=any(a.role == "inout" for a in args))
+    shapes = shapes_of(args, cs.dim_map)
+
+    def refer(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return package_call(ctx, "reference()", group, lambda: reference(ctx.ref, args, inputs, shapes))
+
     try:
-        refs = package_call(ctx, "reference()", group, lambda: {
-            id(c.inputs): reference(ctx.ref, args, c.inputs, shapes_of(args, cs.dim_map)) for b in bursts for c in b})
+        refs = {id(c.inputs): refer(c.inputs) for b in bursts for c in b if c.check and c.inputs is not None}
     except PackageFault as exc:
         out.skipped = f"skipped: reference() cannot compute it ({exc})"
         return out
     if ctx.baseline is not None:
-        msg = _sequence(ctx, ctx.baseline, args, cs, dev, bursts, refs, tol, out.base)
+        msg = _sequence(ctx, ctx.baseline, args, cs, dev, bursts, refs, refer, tol, out.base)
         if msg:
             out.base_ok = False
             out.skipped = f"skipped: the baseline fails it too ({msg})"
             return out
-    msg = _sequence(ctx, ctx.kernel, args, cs, dev, bursts, refs, tol, out.cand)
+    msg = _sequence(ctx, ctx.kernel, args, cs, dev, bursts, refs, refer, tol, out.cand)
     if msg:
         if ctx.baseline is None and msg.startswith("UNSUPPORTED "):
             out.skipped = f"skipped: the candidate does not take it ({msg.removeprefix('UNSUPPORTED ')})"
@@ -319,14 +349,20 @@ def run_sequence(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> 
     return out
 
 
-def _sequence(ctx: Context, kernel, args, cs: plan.CaseSpec, dev: str, bursts: list[list[Call]], refs: dict,
+def _sequence(ctx: Context, kernel, args, cs: plan.CaseSpec, dev: str, bursts: list[list[Call]], refs: dict, refer,
               tol: dict[str, Tolerance], errors) -> str | None:  # fmt: skip
     """Run the planned calls of one kernel on its own buffers: each burst back to back, checked after
-    it. The first failure, or None."""
+    it. A chained call's reference is computed here, from this kernel's own buffers (`refer`). The
+    first failure, or None."""
     cases: dict[int, Case] = {}
     for burst in bursts:
+        chained: dict[int, dict] = {}
         for c in burst:
-            if c.buffer not in cases:
+            if c.chain:  # the inputs are what the buffers hold now
+                case = cases[c.buffer]
+                case.pristine = {a.name: case.tensors[a.name].clone() for a in args if a.role != "out"}
+                chained[id(c)] = refer(case.pristine)
+            elif c.buffer not in cases:
                 cases[c.buffer] = Case(args, c.inputs, cs, dev, pool=kernel.role)
             else:
                 _restage(cases[c.buffer], c.inputs, c.keep)
@@ -334,8 +370,11 @@ def _sequence(ctx: Context, kernel, args, cs: plan.CaseSpec, dev: str, bursts: l
         for c, rc in zip(burst, rcs):
             if rc:
                 return f"{'UNSUPPORTED ' if rc in UNSUPPORTED else ''}{c.what}: {error_message(rc)}"
+            if not c.check:
+                continue
             case = cases[c.buffer]
-            msg = check_inputs(case) or check_outputs(case, refs[id(c.inputs)], tol, errors)
+            want = chained[id(c)] if c.chain else refs[id(c.inputs)]
+            msg = check_inputs(case) or check_outputs(case, want, tol, errors)
             if msg:
                 return f"{c.what}: {msg}"
     return None

@@ -26,7 +26,8 @@ VARIANT_BUDGET = {"cpu": 1 << 20, "cuda": 1 << 26}
 SCALES = (0.01, 100.0)  # input scales of the scale variants (docs/measurement.md, correctness 2)
 ROW_PAD = 8  # elements of padding per row in the strided variant (keeps 16-byte alignment)
 # Input classes the harness plants (gpu_worker/planted.py), each a variant group at one shape.
-PLANTED_KINDS = ("zeros", "repeated", "sparse", "constant", "leading-zeros", "huge", "tiny", "same-as-other")
+PLANTED_KINDS = ("zeros", "repeated", "sparse", "constant", "leading-zeros", "huge", "tiny", "nonfinite",
+                 "same-as-other")
 # Outputs filled with something other than the NaN poison before the call, as a serving framework's
 # buffers are (torch.empty's leftovers, zeros): a kernel that does its work only on poisoned outputs, to
 # tell the harness from production, is wrong here.

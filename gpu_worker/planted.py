@@ -1,16 +1,18 @@
 """Input classes the harness plants itself, whatever the package's make_inputs() draws.
 
 A generator of random normals never yields a row of zeros, a row equal to another, a row of one
-value or values near the dtype's limits; kernels that take shortcuts on such rows (skip a zero row,
-treat a leading run of zeros as padding, memoize a repeated row) pass every random test. Each kind
-below rewrites a seeded share of the rows (the last dimension) of every float input the package lets
-the harness rescale (kernel.toml `scale`, default true: tables and integer inputs are left alone).
-Rows are chosen alike in every input of the same row count, so a zero row of `input` meets a zero
-row of `residual`, plus a few rows of each input alone. docs/measurement.md, correctness 2.
+value, values near the dtype's limits or a NaN or an infinity; kernels that take shortcuts on such
+rows (skip a zero row, treat a leading run of zeros as padding, memoize a repeated row, read a NaN
+as padding) pass every random test. Each kind below rewrites a seeded share of the rows (the last
+dimension) of every float input the package lets the harness rescale (kernel.toml `scale`, default
+true: tables and integer inputs are left alone). Rows are chosen alike in every input of the same
+row count, so a zero row of `input` meets a zero row of `residual`, plus a few rows of each input
+alone. docs/measurement.md, correctness 2.
 """
 
 from __future__ import annotations
 
+import math
 
 import torch
 
@@ -76,6 +78,10 @@ def _apply(kind: str, rows: torch.Tensor, picked: torch.Tensor, gen: torch.Gener
         for i, r in enumerate(picked.tolist()):
             k = w // 2 if i % 2 == 0 else int(torch.randint(1, max(2, w), (1,), generator=gen))
             rows[r, : max(1, k)] = 0.0
+    elif kind == "nonfinite":  # one NaN, +inf or -inf per row, in turn (an upstream overflow, an empty state)
+        cols = torch.randint(0, w, (len(picked),), generator=gen)
+        values = torch.tensor([math.nan, math.inf, -math.inf], dtype=rows.dtype)
+        rows[picked, cols] = values[torch.arange(len(picked)) % len(values)]
     elif kind in ("huge", "tiny"):
         info = torch.finfo(dtype)
         sign = torch.where(torch.rand((len(picked), w), generator=gen) < 0.5, -1.0, 1.0).double()

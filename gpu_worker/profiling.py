@@ -23,7 +23,7 @@ from gpu_worker.cases import Case, Refresher, generate, reference, shapes_of
 from gpu_worker.checks import check_inputs, check_outputs, errors_by_output, output_tolerances
 from gpu_worker.context import Context, derive_seed
 from gpu_worker.nvml import Monitor
-from gpu_worker.plan import CaseSpec
+from gpu_worker.plan import CaseSpec, plantable
 from gpu_worker.protocol import TIME_CAP_S
 from gpu_worker.remote import CaptureFailed, RemoteKernel
 from kopt import expr
@@ -67,14 +67,12 @@ class Perturber:
         seed = random.SystemRandom().getrandbits(63)
         self.rng = random.Random(seed)
         gen = torch.Generator().manual_seed(seed)
-        self.pools, self.scaled = {}, set()
+        self.pools, self.scaled = {}, scalable(ctx)
         for arg in ctx.job.spec.arguments:
-            if arg.role == "out":
+            if arg.role == "out" or arg.name in self.scaled:
                 continue
             first = uniques[0][0][arg.name]
-            if first.is_floating_point() and arg.scale:
-                self.scaled.add(arg.name)
-            elif first.numel():
+            if first.numel():
                 self.pools[arg.name] = torch.randint(first.numel(), (PERTURB_POOL, PERTURB), generator=gen).to(ctx.device)
 
     def apply(self, slot: Case, unique: int) -> None:
@@ -406,9 +404,9 @@ def graph_timers(ctx: Context, kernels: list[RemoteKernel], sets, cs: CaseSpec, 
 
 
 def scalable(ctx: Context) -> frozenset[str]:
-    """The inputs timing may scale: floating-point, not declared `scale = false`."""
-    return frozenset(a.name for a in ctx.job.spec.arguments
-                     if a.role != "out" and a.scale and (a.dtype or "float").startswith(("float", "bfloat")))  # fmt: skip
+    """The inputs timing may scale: the float inputs the harness may rewrite (plan.plantable: not
+    declared `scale = false`)."""
+    return frozenset(a.name for a in ctx.job.spec.arguments if plantable(a))
 
 
 def final_graph_check(ctx: Context, rot: Rotation, timer, tol) -> str | None:

@@ -22,7 +22,8 @@ from frontend.verify import verify
 from gpu_worker import fuzz, plan, runner, sanitizer
 from gpu_worker.cases import Case, Refresher, generate, poison_mask
 from gpu_worker.context import load_reference
-from gpu_worker.correctness import CHANGES, REPEAT_CALLS, changed, sequence_plan
+from gpu_worker.correctness import CHAINED, CHANGES, FEW, REPEAT_CHECKED, REPEAT_RANGE, changed, repeat_calls, \
+    sequence_plan  # fmt: skip
 from kopt.models import ArtifactRef, ExecRequest, PackageRef
 from kopt.package import PackageError, load_spec, symbol_range
 from tests.conftest import compile_all
@@ -167,14 +168,40 @@ def test_outputs_can_start_as_zeros_or_garbage_instead_of_the_poison():
 def test_the_update_and_repeat_sequences_change_inputs_in_place_and_keep_outputs_now_and_then():
     gen = torch.Generator().manual_seed(1)
     firsts = [_pristine("silu_and_mul", {"T": 4, "D": 16}, seed=i)[1] for i in range(4)]
-    for variant, n in (("update", 1 + len(CHANGES)), ("repeat", REPEAT_CALLS)):
+    for variant in ("update", "repeat"):
         bursts = sequence_plan(variant, firsts, gen)
         calls = [b[0] for b in bursts]
-        assert all(len(b) == 1 for b in bursts) and len(calls) == n
+        n = len(calls)
+        assert all(len(b) == 1 for b in bursts)
+        assert n == 1 + len(CHANGES) if variant == "update" else REPEAT_RANGE[0] <= n <= REPEAT_RANGE[1]
         assert {c.buffer for c in calls} == {0} and 2 <= sum(c.keep for c in calls) < n and not calls[0].keep
         assert all(not torch.equal(a.inputs["x"], b.inputs["x"]) for a, b in zip(calls, calls[1:]))
+        assert not any(c.chain for c in calls)  # silu_and_mul has no in-place argument
     burst = sequence_plan("burst", firsts, gen)
     assert [len(b) for b in burst] == [4, 4] and [c.buffer for c in burst[1]] == [0, 1, 2, 3]
+
+
+def test_an_update_sequence_ends_on_the_kernels_own_outputs_where_it_has_in_place_arguments():
+    firsts = [_pristine("fused_add_rmsnorm", {"T": 4, "H": 16}, seed=i)[1] for i in range(4)]
+    calls = [b[0] for b in sequence_plan("update", firsts, torch.Generator().manual_seed(1), chain=True)]
+    assert len(calls) == 1 + len(CHANGES) + CHAINED
+    tail = calls[-CHAINED:]
+    assert all(c.chain and c.keep and c.check and c.inputs is None and c.buffer == 0 for c in tail)
+    assert not any(c.chain for c in calls[:-CHAINED])
+
+
+def test_a_repeat_sequence_is_of_a_seeded_length_and_checks_its_first_last_and_random_calls():
+    lengths = [repeat_calls(torch.Generator().manual_seed(s)) for s in range(300)]
+    assert REPEAT_RANGE[0] <= min(lengths) < 300 and 1200 < max(lengths) <= REPEAT_RANGE[1]
+    assert len(set(lengths)) > 150  # a kernel cannot know the length
+    firsts = [_pristine("silu_and_mul", {"T": 4, "D": 16}, seed=i)[1] for i in range(4)]
+    checked = []
+    for seed in (1, 2):
+        calls = [b[0] for b in sequence_plan("repeat", firsts, torch.Generator().manual_seed(seed))]
+        flags = [c.check for c in calls]
+        assert sum(flags) == REPEAT_CHECKED and all(flags[:FEW]) and flags[-1]
+        checked.append({i for i, f in enumerate(flags) if f} - set(range(FEW)) - {len(flags) - 1})
+    assert checked[0] != checked[1]  # the checked calls in between are drawn
 
 
 def test_changed_inputs_differ_in_the_said_places_only():
@@ -210,7 +237,7 @@ def test_the_refresher_gives_scalable_inputs_new_values_every_call():
     refresh = Refresher(cases, frozenset({"input", "residual"}))
     before = cases[0].tensors["input"].clone()
     levels = set()
-    for _ in range(50):
+    for _ in range(200):
         prev = cases[0].tensors["input"].clone()
         cases[0].tensors["residual"].zero_()  # what a kernel leaves there
         refresh()

@@ -1,7 +1,8 @@
 // merge_attn_states_lse, CPU baseline (SGLang merge_state, natural log): per (token t, head h),
 //   a = s_a, b = s_b with +inf read as -inf (an empty state); m = max(a, b);
 //   both empty: v_out = v_a as is, s_out = -inf;
-//   else wa = exp(a - m), wb = exp(b - m): v_out = (v_a*wa + v_b*wb) / (wa + wb), s_out = log(wa + wb) + m.
+//   else wa = exp(a - m), wb = exp(b - m): v_out = (v_a*wa + v_b*wb) / (wa + wb), s_out = log(wa + wb) + m;
+//   a NaN in a or b (not both empty) makes the pair's v_out and s_out NaN, as m and the exps carry it.
 // v_* are [T, NH, D] in fp16 / bf16 (or fp32) with dense rows of D; s_* are [T, NH] fp32, any
 // strides. Math in fp32. Single-threaded, libm only. Infinities are tested on the bits, so that
 // -ffast-math (which assumes no infinities) cannot drop the empty-state cases.
@@ -18,6 +19,7 @@
 static_assert(UNROLL > 0, "tunables must be positive");
 
 static inline bool is_inf(float f) { return (f32_bits(f) & 0x7fffffffu) == 0x7f800000u; }  // +-inf: empty
+static inline bool is_nan(float f) { return (f32_bits(f) & 0x7fffffffu) > 0x7f800000u; }
 
 template <class S>
 static void merge_pairs(const kopt_tensor &va, const kopt_tensor &sa, const kopt_tensor &vb, const kopt_tensor &sb,
@@ -40,7 +42,9 @@ static void merge_pairs(const kopt_tensor &va, const kopt_tensor &sa, const kopt
       }
       // One side empty: weight 0 for it; exp(0) = 1 for the other, so s_out is that side's LSE.
       float ca, cb, s;
-      if (a_empty) {
+      if (is_nan(a) || is_nan(b)) {  // the NaN propagates, even beside an empty state
+        ca = cb = s = bits_f32(0x7fc00000u);
+      } else if (a_empty) {
         ca = 0.0f, cb = 1.0f, s = b;
       } else if (b_empty) {
         ca = 1.0f, cb = 0.0f, s = a;

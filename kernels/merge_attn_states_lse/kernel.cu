@@ -1,7 +1,8 @@
 // merge_attn_states_lse, CUDA baseline (in the style of SGLang merge_state_v2): per (token, head),
 //   a = s_a, b = s_b with +inf read as -inf (an empty state); m = max(a, b);
 //   both empty: v_out = v_a as is, s_out = -inf;
-//   else wa = exp(a - m), wb = exp(b - m): v_out = (v_a*wa + v_b*wb) / (wa + wb), s_out = log(wa + wb) + m.
+//   else wa = exp(a - m), wb = exp(b - m): v_out = (v_a*wa + v_b*wb) / (wa + wb), s_out = log(wa + wb) + m;
+//   a NaN in a or b (not both empty) makes the pair's v_out and s_out NaN, as m and the exps carry it.
 // fp16 / bf16 (or fp32) v, fp32 LSEs, fp32 math. Tensors must be contiguous, so (t, h) pairs are
 // flat: pair p's row of D starts at p * D. A block takes a tile of whole pairs, THREADS *
 // PACKS_PER_THREAD vector packs of VEC elements (16 bytes at VEC = 8, 16-bit) when D is small:
@@ -47,6 +48,7 @@ static_assert(VEC > 0 && THREADS > 0 && THREADS <= 1024 && PACKS_PER_THREAD > 0,
 static_assert(LSE_MODE >= 0 && LSE_MODE <= 2, "LSE_MODE is 0, 1 or 2");
 
 __device__ __forceinline__ bool is_inf(float f) { return (__float_as_uint(f) & 0x7fffffffu) == 0x7f800000u; }
+__device__ __forceinline__ bool is_nan(float f) { return (__float_as_uint(f) & 0x7fffffffu) > 0x7f800000u; }
 
 __device__ __forceinline__ float exp_(float x) {
 #if FAST_EXP
@@ -69,6 +71,8 @@ __device__ __forceinline__ void merge_weights(float a, float b, float &ca, float
   const bool a_empty = is_inf(a), b_empty = is_inf(b);
   if (a_empty && b_empty) {
     ca = 1.0f, cb = -1.0f, s = __uint_as_float(0xff800000u);  // -inf
+  } else if (is_nan(a) || is_nan(b)) {  // the NaN propagates, even beside an empty state
+    ca = cb = s = __uint_as_float(0x7fc00000u);
   } else if (a_empty) {  // weight 0 for the empty side, exp(0) = 1 for the other
     ca = 0.0f, cb = 1.0f, s = b;
   } else if (b_empty) {

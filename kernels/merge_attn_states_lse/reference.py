@@ -7,7 +7,9 @@ Contract with the kopt harness:
 Semantics (SGLang merge_state, natural log), per (token t, head h), with a = s_a, b = s_b and
 +inf first replaced by -inf (an empty attention state): m = max(a, b); if m == -inf (both empty)
 then v_out = v_a as is and s_out = -inf; else wa = exp(a - m), wb = exp(b - m),
-v_out = (v_a * wa + v_b * wb) / (wa + wb) and s_out = log(wa + wb) + m.
+v_out = (v_a * wa + v_b * wb) / (wa + wb) and s_out = log(wa + wb) + m. A NaN in a or b (a NaN
+from upstream) makes m NaN, so the pair's v_out and s_out are NaN, beside an empty state too
+(SGLang's fmaxf-based kernel agrees: the empty side's -inf minus -inf is NaN there).
 """
 
 import torch

@@ -22,6 +22,7 @@
 static_assert(UNROLL > 0, "tunables must be positive");
 
 static inline bool is_inf(float f) { return (f32_bits(f) & 0x7fffffffu) == 0x7f800000u; }  // +-inf: empty
+static inline bool is_nan(float f) { return (f32_bits(f) & 0x7fffffffu) > 0x7f800000u; }
 
 template <class S>
 static void merge_pairs(const kopt_tensor &va, const kopt_tensor &sa, const kopt_tensor &vb, const kopt_tensor &sb,
@@ -44,7 +45,9 @@ static void merge_pairs(const kopt_tensor &va, const kopt_tensor &sa, const kopt
       }
       // One side empty: weight 0 for it; exp(0) = 1 for the other, so s_out is that side's LSE.
       float ca, cb, s;
-      if (a_empty) {
+      if (is_nan(a) || is_nan(b)) {  // the NaN propagates, even beside an empty state
+        ca = cb = s = bits_f32(0x7fc00000u);
+      } else if (a_empty) {
         ca = 0.0f, cb = 1.0f, s = b;
       } else if (b_empty) {
         ca = 1.0f, cb = 0.0f, s = a;

@@ -52,6 +52,7 @@ static_assert(VEC > 0 && THREADS > 0 && THREADS <= 1024 && PACKS_PER_THREAD > 0,
 static_assert(LSE_MODE >= 0 && LSE_MODE <= 2, "LSE_MODE is 0, 1 or 2");
 
 __device__ __forceinline__ bool is_inf(float f) { return (__float_as_uint(f) & 0x7fffffffu) == 0x7f800000u; }
+__device__ __forceinline__ bool is_nan(float f) { return (__float_as_uint(f) & 0x7fffffffu) > 0x7f800000u; }
 
 __device__ __forceinline__ float exp_(float x) {
 #if FAST_EXP
@@ -80,6 +81,8 @@ __device__ __forceinline__ void merge_weights(float a, float b, float &ca, float
   const bool a_empty = is_inf(a), b_empty = is_inf(b);
   if (a_empty && b_empty) {
     ca = 1.0f, cb = -1.0f, s = __uint_as_float(0xff800000u);  // -inf
+  } else if (is_nan(a) || is_nan(b)) {  // the NaN propagates, even beside an empty state
+    ca = cb = s = __uint_as_float(0x7fc00000u);
   } else if (a_empty) {  // weight 0 for the empty side, exp(0) = 1 for the other
     ca = 0.0f, cb = 1.0f, s = b;
   } else if (b_empty) {
