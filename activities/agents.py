@@ -15,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.errors import invalid_request
 from agents import offline
+from kopt.activity_table import ANALYZE, CODE, DESIGN_TESTS, PLAN, REPAIR, SINGLE_AGENT
 from kopt.agent_models import PROVIDERS
 from kopt.agent_models import (
     AgentCodeRequest,
@@ -86,7 +87,7 @@ async def _carrying(role_call):
     return (*out, [*earlier, *calls])
 
 
-@activity.defn(name="plan")
+@activity.defn(name=PLAN.name)
 async def plan(req: AgentPlanRequest) -> PlanOutput:
     _check(req.provider)
     if req.provider == "offline":
@@ -95,7 +96,7 @@ async def plan(req: AgentPlanRequest) -> PlanOutput:
     return PlanOutput(plan=the_plan, calls=calls)
 
 
-@activity.defn(name="code")
+@activity.defn(name=CODE.name)
 async def code(req: AgentCodeRequest) -> CodeOutput:
     _check(req.provider)
     if req.provider == "offline":
@@ -107,7 +108,7 @@ async def code(req: AgentCodeRequest) -> CodeOutput:
     return CodeOutput(result=result, calls=calls)
 
 
-@activity.defn(name="repair")
+@activity.defn(name=REPAIR.name)
 async def repair(req: RepairRequest) -> CodeOutput:
     if req.provider != "openai":
         raise invalid_request(f"provider {req.provider!r} has no repair turn")
@@ -115,13 +116,13 @@ async def repair(req: RepairRequest) -> CodeOutput:
     return CodeOutput(result=result, calls=calls)
 
 
-@activity.defn(name="analyze")
+@activity.defn(name=ANALYZE.name)
 async def analyze(req: AnalyzeRequest) -> DiagnosisOutput:
     diagnosis, calls = await _carrying(_roles().analyze(req))
     return DiagnosisOutput(diagnosis=diagnosis, calls=calls)
 
 
-@activity.defn(name="design_tests")
+@activity.defn(name=DESIGN_TESTS.name)
 async def design_tests(req: TestDesignRequest) -> TestDesignOutput:
     design, calls = await _carrying(_roles().design_tests(req))
     sets = req.package.spec.shapes[req.target]
@@ -129,7 +130,7 @@ async def design_tests(req: TestDesignRequest) -> TestDesignOutput:
     return TestDesignOutput(design=design, review=review, calls=calls)
 
 
-@activity.defn(name="single_agent")
+@activity.defn(name=SINGLE_AGENT.name)
 async def single_agent(req: SingleAgentRequest) -> SingleAgentOutput:
     _check(req.provider)
     if req.provider == "offline":

@@ -12,6 +12,7 @@ from temporalio import activity
 from activities.errors import invalid_request
 from activities.heartbeat import heartbeating
 from containment import build
+from kopt.activity_table import COMPILE
 from kopt.artifacts import ArtifactStore
 from kopt.models import CompileRequest, CompileResult
 
@@ -26,7 +27,7 @@ class BuildActivities:
         self.work_dir = work_dir
         self.cache_dir = work_dir / "compile-cache"
 
-    @activity.defn(name="compile")
+    @activity.defn(name=COMPILE.name)
     async def compile(self, req: CompileRequest) -> CompileResult:
         if req.toolchain != self.toolchain.name or req.target != self.toolchain.target:
             raise invalid_request(f"toolchain {req.toolchain!r} ({req.target}) sent to a {self.toolchain.name} worker")

@@ -25,6 +25,7 @@ from temporalio import activity
 
 from gpu_worker import runner, static_checks
 from gpu_worker.protocol import HARNESS_VERSION
+from kopt.activity_table import PROFILE, TEST
 from kopt.artifacts import ArtifactStore
 from kopt.models import ExecProgress, ExecRequest, Partial, ProfileResult, TestResult
 
@@ -132,14 +133,14 @@ class ExecActivities:
             self._store(same_bytes, result)
         return result
 
-    @activity.defn(name="test")
+    @activity.defn(name=TEST.name)
     async def test(self, req: ExecRequest) -> TestResult:
-        result = await self._run("test", req, TestResult, runner.run_test)
+        result = await self._run(TEST.name, req, TestResult, runner.run_test)
         log.info("tested", candidate=req.candidate_id, correct=result.correct, reason=result.reason)
         return result
 
-    @activity.defn(name="profile")
+    @activity.defn(name=PROFILE.name)
     async def profile(self, req: ExecRequest) -> ProfileResult:
-        result = await self._run("profile", req, ProfileResult, runner.run_profile)
+        result = await self._run(PROFILE.name, req, ProfileResult, runner.run_profile)
         log.info("profiled", candidate=req.candidate_id, ok=result.ok, reason=result.reason)
         return result

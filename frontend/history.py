@@ -9,7 +9,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from kopt.activity_table import ACTIVITIES, parse_activity_id
+from kopt.activity_table import (ACTIVITIES, ANALYZE, CODE, COMPILE, DESIGN_TESTS, PLAN, PROFILE, REPAIR, SINGLE_AGENT,
+                                 TEST, parse_activity_id)  # fmt: skip
 from kopt.agent_models import Diagnosis, LLMCall
 from kopt.models import CodeResult, CompileResult, Plan, ProfileResult, TestResult
 from kopt.run_models import OptimizeRequest, OptimizeResult
@@ -130,22 +131,22 @@ def rounds_by_id(calls: list[ActivityCall], segment: int) -> list[RoundView]:
         out = call.result
         done = list(getattr(out, "calls", []) or [])  # earlier failed attempts' calls included
         llm = [*[c for c in call.failed_llm_calls if c not in done], *done]
-        if call.activity == "analyze":
+        if call.activity == ANALYZE.name:
             diagnoses[rnd] = (out.diagnosis if out else None, llm)
             continue
         view = views.setdefault((rnd, slot), RoundView(round=rnd, segment=segment))
         view.calls.append(call)
         view.llm_calls += llm
-        if call.activity in ("plan", "single_agent") and out is not None:
+        if call.activity in (PLAN.name, SINGLE_AGENT.name) and out is not None:
             view.plan = out.plan
-        if call.activity in ("code", "repair", "single_agent") and out is not None and not (
-                call.activity == "single_agent" and out.plan.exhausted):  # fmt: skip
+        if call.activity in (CODE.name, REPAIR.name, SINGLE_AGENT.name) and out is not None and not (
+                call.activity == SINGLE_AGENT.name and out.plan.exhausted):  # fmt: skip
             view.code = out.result
             view.candidate_id = out.result.candidate.id
-        elif call.activity in ("compile", "test", "profile"):
+        elif call.activity in (COMPILE.name, TEST.name, PROFILE.name):
             setattr(view, call.activity, out)
             if view.candidate_id is None:  # the baseline's own calls
-                view.candidate_id = call.input.candidate.id if call.activity == "compile" else call.input.candidate_id
+                view.candidate_id = call.input.candidate.id if call.activity == COMPILE.name else call.input.candidate_id
     for (rnd, slot), view in views.items():
         if rnd in diagnoses:
             view.diagnosis = diagnoses[rnd][0]
@@ -168,22 +169,22 @@ def rounds_by_matching(calls: list[ActivityCall], baseline_id: str | None, segme
         out = call.result
         done = list(getattr(out, "calls", []) or [])  # earlier failed attempts' calls included
         llm = [*[c for c in call.failed_llm_calls if c not in done], *done]
-        if call.activity == "design_tests":
+        if call.activity == DESIGN_TESTS.name:
             zero.llm_calls += llm
             zero.calls.append(call)
-        elif call.activity == "analyze":
+        elif call.activity == ANALYZE.name:
             diagnosis = (out.diagnosis if out else None, llm)
-        elif call.activity in ("plan", "single_agent"):
+        elif call.activity in (PLAN.name, SINGLE_AGENT.name):
             view = RoundView(round=call.input.round, segment=segment, plan=out.plan if out else None,
                              diagnosis=diagnosis[0], llm_calls=[*diagnosis[1], *llm], calls=[call])
             diagnosis = (diagnosis[0], [])
-            if call.activity == "single_agent" and out is not None and not out.plan.exhausted:  # else the best
+            if call.activity == SINGLE_AGENT.name and out is not None and not out.plan.exhausted:  # else the best
                 view.code = out.result
                 view.candidate_id = out.result.candidate.id
                 by_candidate[view.candidate_id] = view
             rounds.append(view)
-        elif call.activity in ("code", "repair"):
-            view = (by_candidate.get(call.input.failed.id) if call.activity == "repair"
+        elif call.activity in (CODE.name, REPAIR.name):
+            view = (by_candidate.get(call.input.failed.id) if call.activity == REPAIR.name
                     else next((r for r in reversed(rounds) if r.plan == call.input.plan and r.code is None),
                               rounds[-1]))
             view.code = out.result if out else None
@@ -193,7 +194,7 @@ def rounds_by_matching(calls: list[ActivityCall], baseline_id: str | None, segme
                 view.candidate_id = out.result.candidate.id
                 by_candidate[view.candidate_id] = view
         else:
-            cand = call.input.candidate.id if call.activity == "compile" else call.input.candidate_id
+            cand = call.input.candidate.id if call.activity == COMPILE.name else call.input.candidate_id
             view = by_candidate.get(cand)
             if view is None and cand == baseline_id:
                 view = by_candidate[cand] = zero

@@ -3,11 +3,13 @@ activity replaced by a scripted one registered under the real name on the real q
 samples' pattern), so a run of several rounds takes seconds and nothing is compiled or timed. The
 script gives each round's candidate a speedup, a verdict and per-shape intervals; the test checks
 which candidates the workflow accepts (docs/decisions/0033: min-gain, significance, the per-shape
-guard, the round's best among several)."""
+guard, the round's best among several, allowed regressions, approval, the bucket rule of the
+shape-specialized step)."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import uuid
 
 from temporalio import activity
@@ -16,6 +18,7 @@ from temporalio.worker import Worker
 from frontend.client import connect
 from frontend.runs import prepare_request
 from kopt import queues
+from kopt.activity_table import CODE, COMPILE, PLAN, PROFILE, TEST
 from kopt.agent_models import AgentCodeRequest, AgentPlanRequest, CodeOutput, PlanOutput
 from kopt.models import (
     ABResult,
@@ -31,7 +34,7 @@ from kopt.models import (
     ShapeTiming,
     TestResult,
 )
-from kopt.run_models import OptimizeResult
+from kopt.run_models import Approval, OptimizeResult
 from kopt.settings import Settings
 from tests.conftest import REPO
 from workflows.optimize import OptimizeKernel
@@ -48,13 +51,13 @@ class Script:
         self.ids: dict[str, tuple[int, int]] = {}
 
     def activities(self) -> dict[str, list]:
-        @activity.defn(name="plan")
+        @activity.defn(name=PLAN.name)
         async def plan(req: AgentPlanRequest) -> PlanOutput:
             slot = len([1 for r in req.history if r.round == req.round])
             return PlanOutput(plan=Plan(round=req.round, description=f"r{req.round}s{slot}", rationale="scripted",
                                         tunables={}, flags=[f"-DSLOT{slot}"]), calls=[])  # fmt: skip
 
-        @activity.defn(name="code")
+        @activity.defn(name=CODE.name)
         async def code(req: AgentCodeRequest) -> CodeOutput:
             slot = int(req.plan.flags[0].removeprefix("-DSLOT"))
             cid = f"cand-r{req.plan.round}-s{slot}"
@@ -62,15 +65,15 @@ class Script:
             cand = Candidate(id=cid, source=f"// {cid}\n", flags=req.plan.flags, origin=req.plan.description)
             return CodeOutput(result=CodeResult(candidate=cand, diff=""), calls=[])
 
-        @activity.defn(name="compile")
+        @activity.defn(name=COMPILE.name)
         async def compile_(req: CompileRequest) -> CompileResult:
             return CompileResult(candidate_id=req.candidate.id, ok=True, library=LIB, seconds=0.01)
 
-        @activity.defn(name="test")
+        @activity.defn(name=TEST.name)
         async def test(req: ExecRequest) -> TestResult:
             return TestResult(candidate_id=req.candidate_id, correct=True, seconds=0.01)
 
-        @activity.defn(name="profile")
+        @activity.defn(name=PROFILE.name)
         async def profile(req: ExecRequest) -> ProfileResult:
             timings = [ShapeTiming(shape=s, dtype="float32", median_us=10.0, p10_us=9.0, p90_us=11.0, samples=50,
                                    gbytes_per_s=1.0) for s in SHAPES]  # fmt: skip
@@ -88,10 +91,13 @@ class Script:
         return {"agents": [plan, code], "build": [compile_], "exec": [test, profile]}
 
 
-async def _run(address: str, home, script: Script, rounds: int, slots: int) -> OptimizeResult:
+async def _run(address: str, home, script: Script, rounds: int, slots: int, during=None, kernel_dir=None,
+               **update) -> OptimizeResult:  # fmt: skip
+    """One run on fresh workers; `during(handle)` runs beside it (an approver); `update`: request fields."""
     settings = Settings(home=home)
-    req = prepare_request(REPO / "tests" / "fixtures" / "repeat", "cpu", None, rounds, "offline", 0, settings)
-    req = req.model_copy(update={"candidates_per_round": slots, "min_gain": 0.05, "holdout_shapes": []})
+    kernel_dir = kernel_dir or REPO / "tests" / "fixtures" / "repeat"
+    req = prepare_request(kernel_dir, "cpu", None, rounds, "offline", 0, settings)
+    req = req.model_copy(update={"candidates_per_round": slots, "min_gain": 0.05, "holdout_shapes": [], **update})
     client = await connect(address, settings)
     acts = script.activities()
     workers = [Worker(client, task_queue=queues.WORKFLOW_QUEUE, workflows=[OptimizeKernel]),
@@ -100,8 +106,13 @@ async def _run(address: str, home, script: Script, rounds: int, slots: int) -> O
                Worker(client, task_queue=queues.EXEC_CPU_QUEUE, activities=acts["exec"])]  # fmt: skip
     running = [asyncio.create_task(w.run()) for w in workers]
     try:
-        return await client.execute_workflow(OptimizeKernel.run, req, id=f"rules-{uuid.uuid4()}",
+        handle = await client.start_workflow(OptimizeKernel.run, req, id=f"rules-{uuid.uuid4()}",
                                              task_queue=queues.WORKFLOW_QUEUE)  # fmt: skip
+        beside = asyncio.create_task(during(handle)) if during else None
+        result = await asyncio.wait_for(handle.result(), 60)
+        if beside is not None:
+            await asyncio.wait_for(beside, 10)
+        return result
     finally:
         await asyncio.gather(*(w.shutdown() for w in workers))
         await asyncio.gather(*running, return_exceptions=True)
@@ -131,3 +142,134 @@ def test_a_round_keeps_its_fastest_eligible_candidate(temporal_server, tmp_path)
     result = asyncio.run(_run(temporal_server.address, tmp_path / "home", script, rounds=1, slots=3))
     assert [(r.slot, r.accepted) for r in result.rounds] == [(0, False), (1, False), (2, True)], result.rounds
     assert result.best.candidate_id == "cand-r1-s2"
+
+
+def test_allowed_regressions_let_a_candidate_slower_at_one_shape_become_the_best(temporal_server, tmp_path):
+    script = Script({
+        (1, 0): (1.20, "faster", 1.21),
+        (2, 0): (1.45, "faster", 0.90),  # faster overall, slower than the baseline at one shape
+    })  # fmt: skip
+    result = asyncio.run(_run(temporal_server.address, tmp_path / "home", script, rounds=2, slots=1,
+                              allow_regressions=True))  # fmt: skip
+    assert [(r.round, r.accepted) for r in result.rounds] == [(1, True), (2, True)], result.rounds
+    assert result.rounds[1].regressions == ["T=1 float32"]  # accepted, and the regression still on record
+    assert result.best.candidate_id == "cand-r2-s0"
+
+
+def test_a_new_best_waits_for_approval_and_a_rejected_one_is_not_taken(temporal_server, tmp_path):
+    script = Script({
+        (1, 0): (1.20, "faster", 1.21),  # approved: the new best
+        (2, 0): (1.40, "faster", 1.41),  # would be the new best; rejected
+        (3, 0): (1.02, "faster", 1.03),  # below min-gain: never asked about
+    })  # fmt: skip
+    asked: list[str] = []
+    refused: list[str] = []
+
+    async def approver(handle) -> None:
+        while len(asked) < 2:
+            progress = await handle.query(OptimizeKernel.progress)
+            pending = progress.pending_approval
+            if pending is None or pending in asked:
+                await asyncio.sleep(0.05)
+                continue
+            try:  # an approval for a candidate that is not waiting is refused by the validator
+                await handle.execute_update(OptimizeKernel.approve, Approval(candidate_id="cand-nope"))
+            except Exception as exc:  # noqa: BLE001 - WorkflowUpdateFailedError carrying the validator's message
+                refused.append(str(getattr(exc, "cause", None) or exc))
+            asked.append(pending)
+            await handle.execute_update(OptimizeKernel.approve, Approval(candidate_id=pending, accept=len(asked) == 1))
+
+    result = asyncio.run(_run(temporal_server.address, tmp_path / "home", script, rounds=3, slots=1,
+                              during=approver, approve=True))  # fmt: skip
+    assert asked == ["cand-r1-s0", "cand-r2-s0"]
+    assert len(refused) == 2 and all("unknown candidate id 'cand-nope'" in r for r in refused), refused
+    assert [(r.round, r.accepted) for r in result.rounds] == [(1, True), (2, False), (3, False)], result.rounds
+    assert result.best.candidate_id == "cand-r1-s0"
+
+
+class BucketScript(Script):
+    """Candidates with tunables and per-shape speedups at the bench shapes N=64 and N=4096 of a package
+    with [dispatch.cpu] on N (edge 100), and what the shape-specialized library then measures."""
+
+    def __init__(self, by_round: dict[int, tuple[int, dict[str, float]]], specialized: dict[str, float]) -> None:
+        super().__init__({})
+        self.by_round, self.specialized = by_round, specialized
+        self.source = (REPO / "tests" / "fixtures" / "repeat" / "kernel.cpp").read_text()
+
+    def activities(self) -> dict[str, list]:
+        acts = super().activities()
+
+        @activity.defn(name=PLAN.name)
+        async def plan(req: AgentPlanRequest) -> PlanOutput:
+            value = self.by_round[req.round][0]
+            return PlanOutput(plan=Plan(round=req.round, description=f"REPEAT {value}", rationale="scripted",
+                                        tunables={"REPEAT": value}, flags=["-DSLOT0"]), calls=[])  # fmt: skip
+
+        @activity.defn(name=CODE.name)
+        async def code(req: AgentCodeRequest) -> CodeOutput:
+            cid = f"cand-r{req.plan.round}"
+            self.ids[cid] = (req.plan.round, 0)
+            value = req.plan.tunables["REPEAT"]
+            cand = Candidate(id=cid, source=self.source.replace("#define REPEAT 16", f"#define REPEAT {value}"),
+                             flags=req.plan.flags, tunables=dict(req.plan.tunables), origin=req.plan.description)
+            return CodeOutput(result=CodeResult(candidate=cand, diff=""), calls=[])
+
+        @activity.defn(name=COMPILE.name)
+        async def compile_(req: CompileRequest) -> CompileResult:
+            if req.candidate.origin == "shape-specialized":
+                self.ids[req.candidate.id] = (-2, 0)
+            return CompileResult(candidate_id=req.candidate.id, ok=True, library=LIB, seconds=0.01)
+
+        @activity.defn(name=PROFILE.name)
+        async def profile(req: ExecRequest) -> ProfileResult:
+            timings = [ShapeTiming(shape=s.label, dtype="float32", median_us=10.0, p10_us=9.0, p90_us=11.0,
+                                   samples=50, gbytes_per_s=1.0) for s in req.shapes]  # fmt: skip
+            at = self.ids.get(req.candidate_id)
+            if at is None:  # the baseline
+                return ProfileResult(candidate_id=req.candidate_id, ok=True, timings=timings, seconds=0.01)
+            by_shape = self.specialized if at[0] == -2 else self.by_round[at[0]][1]
+            per_shape = [ShapeAB(shape=s.label, dtype="float32", mode="hot-cpu", baseline_us=10.0 * by_shape[s.label],
+                                 candidate_us=10.0, speedup=by_shape[s.label], ci_low=by_shape[s.label] * 0.99,
+                                 ci_high=by_shape[s.label] * 1.01, baseline_samples=50, candidate_samples=50)
+                         for s in req.shapes]  # fmt: skip
+            g = (by_shape["N=64"] * by_shape["N=4096"]) ** 0.5
+            ab = ABResult(per_shape=per_shape, speedup_geomean=g, ci_low=g * 0.99, ci_high=g * 1.01, verdict="faster",
+                          noise_floor=0.01)  # fmt: skip
+            return ProfileResult(candidate_id=req.candidate_id, ok=True, timings=timings, ab=ab, seconds=0.01)
+
+        return {"agents": [plan, code], "build": [compile_], "exec": [acts["exec"][0], profile]}
+
+
+def _bucketed_package(tmp_path):
+    pkg = tmp_path / "bucketed"
+    shutil.copytree(REPO / "tests" / "fixtures" / "repeat", pkg)
+    toml = (pkg / "kernel.toml").read_text()
+    toml = toml.replace('bench = [{ N = 4096 }]', 'bench = [{ N = 64 }, { N = 4096 }]', 1)
+    assert 'bench = [{ N = 64 }, { N = 4096 }]' in toml
+    (pkg / "kernel.toml").write_text(toml + '\n[dispatch.cpu]\nsymbol = "N"\nedges = [100]\n')
+    return pkg
+
+
+def test_the_shape_specialized_step_keeps_a_one_bucket_gain_and_refuses_a_bucket_loss(temporal_server, tmp_path):
+    rounds = {
+        1: (8, {"N=64": 1.30, "N=4096": 1.00}),  # the best: 1.140x
+        2: (4, {"N=64": 1.00, "N=4096": 1.25}),  # 1.118x: not 5 % above the best, but the fastest at N=4096
+    }
+    pkg = _bucketed_package(tmp_path)
+    outcomes = {}
+    for name, specialized in (
+        ("one bucket gains", {"N=64": 1.30, "N=4096": 1.06}),  # 1.174x overall (+3 %): bucket N > 100 +6 %
+        ("one bucket loses", {"N=64": 1.22, "N=4096": 1.12}),  # 1.169x overall (+2.5 %): bucket N <= 100 -6 %
+    ):
+        script = BucketScript(rounds, specialized)
+        outcomes[name] = asyncio.run(_run(temporal_server.address, tmp_path / name, script, rounds=2, slots=1,
+                                          kernel_dir=pkg))  # fmt: skip
+    gained, lost = outcomes["one bucket gains"], outcomes["one bucket loses"]
+    for result in (gained, lost):
+        assert [(r.round, r.accepted) for r in result.rounds] == [(1, True), (2, False)], result.rounds
+        assert result.specialized is not None and result.specialized.picked_from == ["cand-r1", "cand-r2"]
+        assert result.specialized.settings == [{"REPEAT": 8}, {"REPEAT": 4}]
+    assert gained.specialized.accepted and gained.specialized.bucket_gains == [1.0, 1.06], gained.specialized
+    assert gained.best.candidate_id == gained.specialized.candidate_id
+    assert not lost.specialized.accepted and "in every bucket" in lost.specialized.reason, lost.specialized
+    assert lost.best.candidate_id == "cand-r1"

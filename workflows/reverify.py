@@ -24,7 +24,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from kopt.run_models import ClassVerdict, ReverifyRequest, ReverifyResult
 
-from workflows.optimize import NOISE_FLOOR_PATCH  # the same rule and patch as OptimizeKernel's shape guard
+from workflows.patches import NOISE_FLOOR_PATCH  # the same rule and patch as OptimizeKernel's shape guard
 
 
 @workflow.defn(name=queues.REVERIFY_WORKFLOW_NAME)

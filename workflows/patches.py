@@ -1,0 +1,37 @@
+"""The patch ids of the workflows' `workflow.patched` branches, one home, each with what it changed.
+
+A run records a patch id the first time its branch runs; a history recorded before the change
+replays the old path. An id is never reused or renamed: committed golden histories (tests/golden)
+and runs in flight name them.
+"""
+
+# Runs started with LLM_FAULTS_PATCH (docs/decisions/0016): an unusable reply fails its candidate and
+# the round goes on; an unavailable endpoint is retried with backoff for as long as the wall-time
+# budget allows (the run waits); only errors no retry can fix (key, model, request) stop the run, with
+# their reason in the result. Histories recorded before replay the old path (5 attempts, then fail).
+LLM_FAULTS_PATCH = "llm-faults"
+
+# Runs started with ACTIVITY_IDS_PATCH give every activity an id naming its round and slot
+# (kopt/activity_table.py), which history groups by; older histories keep Temporal's numbering.
+ACTIVITY_IDS_PATCH = "activity-ids"
+
+# Runs started with SHAPE_GUARD_PATCH accept no new best that is statistically slower than the
+# baseline at any (shape, dtype) beyond SHAPE_SLOWDOWN_LIMIT, unless the request allows regressions.
+SHAPE_GUARD_PATCH = "shape-regressions"
+
+# Runs started with NOISE_FLOOR_PATCH call a shape a regression only beyond the A/B's noise floor too
+# (kopt.models.regression_limit; docs/decisions/0027); older histories replay the 2 % limit alone.
+NOISE_FLOOR_PATCH = "shape-guard-noise-floor"  # also ReverifyBest's
+
+# Plan requests carry the last records in full and a digest of the older ones (kopt.plan_history);
+# histories recorded before this change replay the old path, which sent every record.
+COMPACT_HISTORY_PATCH = "compact-plan-history"
+
+# Runs started with HOLDOUT_PATCH judge the best, after the last round, on the request's held-out
+# shapes (never tested or timed by the search): OptimizeResult.holdout (docs/decisions/0020).
+HOLDOUT_PATCH = "holdout-shapes"
+
+# Packages with [dispatch.<target>]: after the last round, per-bucket tunable values from the measured
+# candidates are built into one library that dispatches on the call's shape (kopt.dispatch), judged
+# like a candidate and kept if it beats the best (docs/decisions/0023). Older runs never had the step.
+SPECIALIZE_PATCH = "shape-specialized"
