@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import datetime as dt
 import hashlib
-import json
 import os
 import platform
 import socket
@@ -35,6 +34,7 @@ if str(REPO) not in sys.path:
 import kopt
 from containment.build import Toolchain, build, detect_toolchain
 from kopt.package import load_spec, source_path
+from result_file import write_record  # bench/, the script's folder
 
 BENCHMARK = "compile_time"
 
@@ -167,11 +167,7 @@ async def main(argv: list[str] | None = None) -> int:
         "command_line": [sys.executable, *sys.argv] if argv is None else [sys.executable, __file__, *argv],
         "results": results,
     }
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"{BENCHMARK}-{host['hostname']}-{now:%Y%m%d-%H%M%S}.json"
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"\nwrote {out.relative_to(REPO) if out.is_relative_to(REPO) else out}")
+    write_record(args.out_dir, f"{BENCHMARK}-{host['hostname']}-{now:%Y%m%d-%H%M%S}", record)
     return 0
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import json
 import platform
 import socket
 import sys
@@ -37,6 +36,7 @@ from gpu_worker.protocol import HARNESS_VERSION  # noqa: E402
 from containment.build import build, detect_toolchain  # noqa: E402
 from kopt.models import ArtifactRef, ExecRequest, PackageRef, Shape  # noqa: E402
 from kopt.package import load_spec, source_path  # noqa: E402
+from result_file import write_record  # noqa: E402 (bench/, the script's folder)
 
 BENCHMARK = "noise_floor"
 COPY = REPO / "tests" / "fixtures" / "copy"
@@ -187,11 +187,7 @@ async def main(argv: list[str] | None = None) -> int:
         "sanitizer": tested.sanitizer,
         "notes": sorted(set(self_ab.notes + copy.notes + tested.notes)),
     }
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"{BENCHMARK}-{target}-{socket.gethostname()}-{now:%Y%m%d-%H%M%S}.json"
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"\nwrote {out.relative_to(REPO) if out.is_relative_to(REPO) else out}")
+    write_record(args.out_dir, f"{BENCHMARK}-{target}-{socket.gethostname()}-{now:%Y%m%d-%H%M%S}", record)
     return 0
 
 

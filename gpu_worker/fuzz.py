@@ -63,14 +63,18 @@ def aligned(rng: random.Random, low: int, high: int, cap: int | None = None) -> 
     return v if v >= low else low
 
 
+def _draw(spec: KernelSpec, target: str, seed: int, budget: int | None, exclude: list[dict[str, int]] | None):
+    """What a draw of shapes starts from: the element budget (the target's default where None), the
+    seeded generator, the shape symbols and their ranges, and the shapes it may not repeat."""
+    syms = shape_symbols(spec)
+    return (budget or FUZZ_BUDGET.get(target, FUZZ_BUDGET["cuda"]), random.Random(seed), syms,
+            {s: symbol_range(spec, s, target) for s in syms}, [dict(d) for d in exclude or []])
+
+
 def fuzz_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None = None,
                 exclude: list[dict[str, int]] | None = None) -> list[dict[str, int]]:  # fmt: skip
     """The seeded shapes of one test job: valid, under the budget, none in `exclude`, no repeats."""
-    budget = budget or FUZZ_BUDGET.get(target, FUZZ_BUDGET["cuda"])
-    rng = random.Random(seed)
-    syms = shape_symbols(spec)
-    ranges = {s: symbol_range(spec, s, target) for s in syms}
-    seen = [dict(d) for d in exclude or []]
+    budget, rng, syms, ranges, seen = _draw(spec, target, seed, budget, exclude)
     out: list[dict[str, int]] = []
 
     def fits(dims: dict[str, int]) -> bool:
@@ -142,11 +146,7 @@ def size_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None = N
                 exclude: list[dict[str, int]] | None = None) -> list[dict[str, int]]:  # fmt: skip
     """Each declared size (kernel.toml [sizes]) of each symbol, the other symbols small (seeded), under
     the budget; none in `exclude`."""
-    budget = budget or FUZZ_BUDGET.get(target, FUZZ_BUDGET["cuda"])
-    rng = random.Random(seed)
-    syms = shape_symbols(spec)
-    ranges = {s: symbol_range(spec, s, target) for s in syms}
-    seen = [dict(d) for d in exclude or []]
+    budget, rng, syms, ranges, seen = _draw(spec, target, seed, budget, exclude)
     out: list[dict[str, int]] = []
     for s, values in spec.sizes.items():
         for v in values:

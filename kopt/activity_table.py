@@ -19,21 +19,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 from kopt import queues
-from kopt.agent_models import (
-    BAD_REPLY_TYPES,
-    STOP_TYPES,
-    AgentCodeRequest,
-    AgentPlanRequest,
-    AnalyzeRequest,
-    CodeOutput,
-    DiagnosisOutput,
-    PlanOutput,
-    RepairRequest,
-    SingleAgentOutput,
-    SingleAgentRequest,
-    TestDesignOutput,
-    TestDesignRequest,
-)
+from kopt import agent_models as am
 from kopt.models import CompileRequest, CompileResult, ExecRequest, ProfileResult, TestResult
 from kopt.run_models import ActivityTimeouts
 
@@ -46,7 +32,8 @@ AGENT_RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(minutes
 # backoff for as long as the wall-time budget allows; unusable replies and errors no retry can fix are not.
 AGENT_RETRY_PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                                   maximum_interval=timedelta(minutes=2), maximum_attempts=0,
-                                  non_retryable_error_types=[*NON_RETRYABLE, *BAD_REPLY_TYPES, *STOP_TYPES])  # fmt: skip
+                                  non_retryable_error_types=[*NON_RETRYABLE, *am.BAD_REPLY_TYPES,
+                                                             *am.STOP_TYPES])  # fmt: skip
 BUILD_RETRY = RetryPolicy(maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
 EXEC_RETRY = RetryPolicy(maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
 
@@ -97,12 +84,12 @@ class ActivityDef(Generic[Req, Res]):
         return BUILD_RETRY if self.kind == "build" else EXEC_RETRY
 
 
-PLAN = ActivityDef("plan", AgentPlanRequest, PlanOutput, "agents", "planner")
-CODE = ActivityDef("code", AgentCodeRequest, CodeOutput, "agents", "coder")
-REPAIR = ActivityDef("repair", RepairRequest, CodeOutput, "agents", "coder (repair turn)")
-ANALYZE = ActivityDef("analyze", AnalyzeRequest, DiagnosisOutput, "agents", "profile analyst")
-DESIGN_TESTS = ActivityDef("design_tests", TestDesignRequest, TestDesignOutput, "agents", "test designer")
-SINGLE_AGENT = ActivityDef("single_agent", SingleAgentRequest, SingleAgentOutput, "agents", "single agent")
+PLAN = ActivityDef("plan", am.AgentPlanRequest, am.PlanOutput, "agents", "planner")
+CODE = ActivityDef("code", am.AgentCodeRequest, am.CodeOutput, "agents", "coder")
+REPAIR = ActivityDef("repair", am.RepairRequest, am.CodeOutput, "agents", "coder (repair turn)")
+ANALYZE = ActivityDef("analyze", am.AnalyzeRequest, am.DiagnosisOutput, "agents", "profile analyst")
+DESIGN_TESTS = ActivityDef("design_tests", am.TestDesignRequest, am.TestDesignOutput, "agents", "test designer")
+SINGLE_AGENT = ActivityDef("single_agent", am.SingleAgentRequest, am.SingleAgentOutput, "agents", "single agent")
 COMPILE = ActivityDef("compile", CompileRequest, CompileResult, "build", "compiler")
 TEST = ActivityDef("test", ExecRequest, TestResult, "exec", "correctness test")
 PROFILE = ActivityDef("profile", ExecRequest, ProfileResult, "exec", "profile")
