@@ -11,7 +11,6 @@ then prints a verdict. Exit code 0: correct; 1: rejected (or the baseline itself
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ from kopt.errors import UsageError
 from kopt.flags import check_flags
 from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef, ProfileResult, Shape, TestResult
 from kopt.package import source_path
+from kopt.verdict import CheckCounts, ShapeVerdict, Verdict
 
 _NO_ARTIFACT = ArtifactRef(sha256="0" * 64, size=0, uri="file:///dev/null")  # libraries are local paths here
 
@@ -36,7 +36,7 @@ class Judgement:
     """What judging one candidate found: the verdict (as `kopt evaluate --json` prints it), the
     test and profile results where those steps ran, and whether the baseline itself was broken."""
 
-    verdict: dict
+    verdict: Verdict
     tested: TestResult | None = None
     profiled: ProfileResult | None = None
     baseline_broken: bool = False
@@ -69,24 +69,21 @@ async def judge(kernel_dir: Path, spec: KernelSpec, target: str, tc: Toolchain, 
     package_flags = spec.build[target].flags if target in spec.build else []
     cand_flags = package_flags if flags is None else flags
     base_source = (baseline or source_path(kernel_dir, spec, target)).read_text()
-    verdict: dict = {"kernel": spec.name, "target": target, "candidate": str(candidate), "correct": False,
-                     "reason": None, "static_violations": [], "per_shape": [], "speedup_geomean": None,
-                     "speedup_ci": None, "verdict": None, "device": None, "copy_bandwidth_gbs": None,
-                     "notes": [], "seconds": {}, "compiler_flags": cand_flags,
-                     "baseline": str(baseline) if baseline else "package source",
-                     "holdout_shapes": [h.label for h in holdout or []]}  # fmt: skip
+    verdict = Verdict(kernel=spec.name, target=target, candidate=str(candidate), compiler_flags=cand_flags,
+                      baseline=str(baseline) if baseline else "package source",
+                      holdout_shapes=[h.label for h in holdout or []])  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="kopt-evaluate-") as tmp:
         progress(f"building baseline and candidate with {tc.name}")
         base_build, cand_build = await asyncio.gather(
             build(tc, base_source, Path(tmp) / "baseline", package_flags),
             build(tc, source, Path(tmp) / "candidate", cand_flags),
         )
-        verdict["seconds"]["build"] = round(max(base_build.seconds, cand_build.seconds), 3)
+        verdict.seconds["build"] = round(max(base_build.seconds, cand_build.seconds), 3)
         if not base_build.ok:
-            verdict["reason"] = f"the baseline does not compile: {_last_line(base_build.log)}"
+            verdict.reason = f"the baseline does not compile: {_last_line(base_build.log)}"
             return Judgement(verdict, baseline_broken=True)
         if not cand_build.ok:
-            verdict["reason"] = f"compile error: {_last_line(cand_build.log)}"
+            verdict.reason = f"compile error: {_last_line(cand_build.log)}"
             return Judgement(verdict)
         base_lib, cand_lib = Path(tmp) / "baseline" / "kernel.so", Path(tmp) / "candidate" / "kernel.so"
         shapes = spec.shapes[target]
@@ -102,13 +99,13 @@ async def judge(kernel_dir: Path, spec: KernelSpec, target: str, tc: Toolchain, 
 
         progress("testing against the reference (baseline loaded for calibration)")
         tested = await runner.run_test(request("test"), cand_lib, kernel_dir, spec, baseline=base_lib)
-        verdict["seconds"]["test"] = round(tested.seconds, 3)
+        verdict.seconds["test"] = round(tested.seconds, 3)
         _take_test(verdict, tested)
         if not tested.correct:
             return Judgement(verdict, tested, baseline_broken=_baseline_failed(tested.reason))
         progress("profiling, interleaved with the baseline (A/B)")
         profiled = await runner.run_profile(request("bench"), cand_lib, kernel_dir, spec, baseline=base_lib)
-        verdict["seconds"]["profile"] = round(profiled.seconds, 3)
+        verdict.seconds["profile"] = round(profiled.seconds, 3)
         _take_profile(verdict, profiled)
     return Judgement(verdict, tested, profiled, baseline_broken=_baseline_failed(profiled.reason))
 
@@ -137,79 +134,74 @@ def _baseline_failed(reason: str | None) -> bool:
     return bool(reason) and reason.startswith(("baseline", "package error"))
 
 
-def _take_test(verdict: dict, tested: TestResult) -> None:
-    verdict["device"] = tested.device or None
-    verdict["static_violations"] = tested.static_violations
-    verdict["notes"] += tested.notes + ([tested.sanitizer] if tested.sanitizer else [])
+def _take_test(verdict: Verdict, tested: TestResult) -> None:
+    verdict.device = tested.device or None
+    verdict.static_violations = tested.static_violations
+    verdict.notes += tested.notes + ([tested.sanitizer] if tested.sanitizer else [])
     checks = tested.checks + tested.variant_checks
-    verdict["checks"] = {"total": len(checks), "skipped": sum(c.skipped for c in checks),
-                         "failed": [c.key for c in checks if not c.ok]}  # fmt: skip
-    verdict["correct"] = tested.correct
-    verdict["reason"] = None if tested.correct else tested.reason
+    verdict.checks = CheckCounts(total=len(checks), skipped=sum(c.skipped for c in checks),
+                                 failed=[c.key for c in checks if not c.ok])  # fmt: skip
+    verdict.correct = tested.correct
+    verdict.reason = None if tested.correct else tested.reason
 
 
-def _take_profile(verdict: dict, profiled: ProfileResult) -> None:
-    verdict["device"] = profiled.device or verdict["device"]
-    verdict["copy_bandwidth_gbs"] = profiled.copy_bandwidth_gbs
-    verdict["notes"] += profiled.notes
-    verdict["flags"] = profiled.flags
+def _take_profile(verdict: Verdict, profiled: ProfileResult) -> None:
+    verdict.device = profiled.device or verdict.device
+    verdict.copy_bandwidth_gbs = profiled.copy_bandwidth_gbs
+    verdict.notes += profiled.notes
+    verdict.flags = profiled.flags
     if not profiled.ok:
-        verdict["correct"] = False
-        verdict["reason"] = f"profile failed: {profiled.reason}"
+        verdict.correct = False
+        verdict.reason = f"profile failed: {profiled.reason}"
         return
     ab = {(s.shape, s.dtype): s for s in (profiled.ab.per_shape if profiled.ab else [])}
     for t in profiled.timings:
         s = ab.get((t.shape, t.dtype))
-        verdict["per_shape"].append({
-            "shape": t.shape, "dtype": t.dtype, "mode": t.mode, "candidate_us": t.median_us,
-            "baseline_us": s.baseline_us if s else None, "speedup": s.speedup if s else None,
-            "speedup_ci": [s.ci_low, s.ci_high] if s else None, "gbytes_per_s": t.gbytes_per_s,
-            "pct_sol": t.pct_sol, "samples": t.samples, "sampling_s": t.sampling_s, "flags": t.flags,
-            "held_out": t.shape in verdict.get("holdout_shapes", []),
-        })  # fmt: skip
+        verdict.per_shape.append(ShapeVerdict(
+            shape=t.shape, dtype=t.dtype, mode=t.mode, candidate_us=t.median_us,
+            baseline_us=s.baseline_us if s else None, speedup=s.speedup if s else None,
+            speedup_ci=[s.ci_low, s.ci_high] if s else None, gbytes_per_s=t.gbytes_per_s, pct_sol=t.pct_sol,
+            samples=t.samples, sampling_s=t.sampling_s, flags=t.flags, held_out=t.shape in verdict.holdout_shapes,
+        ))  # fmt: skip
     if profiled.ab is not None:
-        verdict["speedup_geomean"] = profiled.ab.speedup_geomean
-        verdict["speedup_ci"] = [profiled.ab.ci_low, profiled.ab.ci_high]
-        verdict["verdict"] = profiled.ab.verdict
-        verdict["noise_floor"] = profiled.ab.noise_floor
+        verdict.speedup_geomean = profiled.ab.speedup_geomean
+        verdict.speedup_ci = [profiled.ab.ci_low, profiled.ab.ci_high]
+        verdict.verdict = profiled.ab.verdict
+        verdict.noise_floor = profiled.ab.noise_floor
 
 
-def _finish(verdict: dict, as_json: bool, out: TextIO, start: float) -> int:
-    verdict["seconds"]["total"] = round(time.monotonic() - start, 3)
-    if as_json:
-        out.write(json.dumps(verdict) + "\n")
-    else:
-        out.write(render(verdict))
+def _finish(verdict: Verdict, as_json: bool, out: TextIO, start: float) -> int:
+    verdict.seconds["total"] = round(time.monotonic() - start, 3)
+    out.write(verdict.model_dump_json() + "\n" if as_json else render(verdict))
     out.flush()
-    return exits.OK if verdict["correct"] else exits.FAILED
+    return exits.OK if verdict.correct else exits.FAILED
 
 
-def render(v: dict) -> str:
-    lines = [f"kopt evaluate: {v['kernel']} ({v['target']}), candidate {v['candidate']}"]
-    if v.get("device"):
-        bw = f", copy bandwidth {v['copy_bandwidth_gbs']:.0f} GB/s" if v.get("copy_bandwidth_gbs") else ""
-        lines.append(f"device: {v['device']}{bw}")
-    for s in v["static_violations"]:
+def render(v: Verdict) -> str:
+    lines = [f"kopt evaluate: {v.kernel} ({v.target}), candidate {v.candidate}"]
+    if v.device:
+        bw = f", copy bandwidth {v.copy_bandwidth_gbs:.0f} GB/s" if v.copy_bandwidth_gbs else ""
+        lines.append(f"device: {v.device}{bw}")
+    for s in v.static_violations:
         lines.append(f"  static: {s}")
-    if not v["correct"]:
-        lines.append(f"REJECTED: {v['reason']}")
+    if not v.correct:
+        lines.append(f"REJECTED: {v.reason}")
     else:
-        checks = v.get("checks", {})
-        lines.append(f"correct: {checks.get('total', 0)} checks passed ({checks.get('skipped', 0)} not applicable)")
-    if v["per_shape"]:
+        checks = v.checks or CheckCounts()
+        lines.append(f"correct: {checks.total} checks passed ({checks.skipped} not applicable)")
+    if v.per_shape:
         lines.append(f"{'shape':<22} {'dtype':<9} {'mode':<8} {'base us':>9} {'cand us':>9} {'speedup':>8} "
                      f"{'95% CI':>15} {'%SOL':>6}")  # fmt: skip
-        for s in v["per_shape"]:
-            ci = f"[{s['speedup_ci'][0]:.3f}, {s['speedup_ci'][1]:.3f}]" if s["speedup_ci"] else "-"
-            base = f"{s['baseline_us']:9.2f}" if s["baseline_us"] is not None else f"{'-':>9}"
-            sp = f"{s['speedup']:8.3f}" if s["speedup"] is not None else f"{'-':>8}"
-            sol = f"{s['pct_sol']:6.1f}" if s["pct_sol"] is not None else f"{'-':>6}"
-            lines.append(f"{s['shape']:<22} {s['dtype']:<9} {s['mode']:<8} {base} {s['candidate_us']:9.2f} {sp} "
-                         f"{ci:>15} {sol}")  # fmt: skip
-    if v["speedup_geomean"] is not None:
-        lo, hi = v["speedup_ci"]
-        lines.append(f"geomean speedup {v['speedup_geomean']:.3f}x, 95% CI [{lo:.3f}, {hi:.3f}]: {v['verdict']}")
-    for n in v["notes"]:
+        for s in v.per_shape:
+            ci = f"[{s.speedup_ci[0]:.3f}, {s.speedup_ci[1]:.3f}]" if s.speedup_ci else "-"
+            base = f"{s.baseline_us:9.2f}" if s.baseline_us is not None else f"{'-':>9}"
+            sp = f"{s.speedup:8.3f}" if s.speedup is not None else f"{'-':>8}"
+            sol = f"{s.pct_sol:6.1f}" if s.pct_sol is not None else f"{'-':>6}"
+            lines.append(f"{s.shape:<22} {s.dtype:<9} {s.mode:<8} {base} {s.candidate_us:9.2f} {sp} {ci:>15} {sol}")
+    if v.speedup_geomean is not None:
+        lo, hi = v.speedup_ci
+        lines.append(f"geomean speedup {v.speedup_geomean:.3f}x, 95% CI [{lo:.3f}, {hi:.3f}]: {v.verdict}")
+    for n in v.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines) + "\n"
 

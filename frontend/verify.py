@@ -32,42 +32,29 @@ from typing import TextIO
 from frontend import exits
 from frontend.evaluate import Judgement, check_inputs, judge, render
 from kopt.errors import UsageError
-from kopt.models import SHAPE_SLOWDOWN_LIMIT, regression_limit, slower_beyond
+from kopt.models import SHAPE_SLOWDOWN_LIMIT
 
 DEFAULT_MAX_SLOWDOWN = SHAPE_SLOWDOWN_LIMIT  # the optimizer's per-shape guard uses the same limit
-
-
-def limit_of(verdict: dict, max_slowdown: float) -> float:
-    """The speedup a shape's whole interval must lie below to fail: 1 / (1 + max_slowdown), or 1 - the
-    A/B's noise floor where that is lower (kopt.models.regression_limit)."""
-    return regression_limit(max_slowdown, verdict.get("noise_floor") or 0.0)
-
-
-def regressions(verdict: dict, max_slowdown: float) -> list[dict]:
-    """The (shape, dtype) rows whose A/B interval lies wholly below limit_of(verdict, max_slowdown)."""
-    floor = verdict.get("noise_floor") or 0.0
-    return [s for s in verdict["per_shape"]
-            if s.get("speedup_ci") and slower_beyond(s["speedup_ci"][1], max_slowdown, floor)]  # fmt: skip
 
 
 def decide(judged: Judgement, max_slowdown: float) -> tuple[int, str]:
     v = judged.verdict
     if judged.baseline_broken:
-        return exits.INFRA, f"the baseline itself fails: {v['reason']}"
-    if not v["correct"]:
-        return exits.FAILED, f"rejected: {v['reason']}"
-    slow = regressions(v, max_slowdown)
+        return exits.INFRA, f"the baseline itself fails: {v.reason}"
+    if not v.correct:
+        return exits.FAILED, f"rejected: {v.reason}"
+    slow = v.regressions(max_slowdown)
     if slow:
-        worst = min(slow, key=lambda s: s["speedup"])
-        overfit = all(s.get("held_out") for s in slow)  # the bench shapes pass; only shapes it never saw fail
+        worst = min(slow, key=lambda s: s.speedup)
+        overfit = all(s.held_out for s in slow)  # the bench shapes pass; only shapes it never saw fail
         return exits.SLOWER, (("OVERFIT: passes on the bench shapes but is " if overfit else "")
-                             + f"slower than the baseline (interval below {limit_of(v, max_slowdown):.3f}x) at "
+                             + f"slower than the baseline (interval below {v.limit(max_slowdown):.3f}x) at "
                              + f"{len(slow)} "
                              + ("held-out " if overfit else "") + f"shape(s); worst "
-                             f"{worst['shape']} {worst['dtype']}: {worst['speedup']:.3f}x "
-                             f"[{worst['speedup_ci'][0]:.3f}, {worst['speedup_ci'][1]:.3f}]")  # fmt: skip
-    gm = v["speedup_geomean"]
-    return exits.OK, "pass" + (f": geomean {gm:.3f}x [{v['speedup_ci'][0]:.3f}, {v['speedup_ci'][1]:.3f}]"
+                             f"{worst.shape} {worst.dtype}: {worst.speedup:.3f}x "
+                             f"[{worst.speedup_ci[0]:.3f}, {worst.speedup_ci[1]:.3f}]")  # fmt: skip
+    gm = v.speedup_geomean
+    return exits.OK, "pass" + (f": geomean {gm:.3f}x [{v.speedup_ci[0]:.3f}, {v.speedup_ci[1]:.3f}]"
                                 if gm is not None else "")  # fmt: skip
 
 
@@ -94,34 +81,34 @@ def junit(judged: Judgement | None, code: int, summary: str, kernel: str, target
         case("harness", "verify", False, summary, kind="error")
     else:
         v = judged.verdict
-        reason = v["reason"] or ""
+        reason = v.reason or ""
         base_fails = reason.startswith("the baseline does not compile")
         cand_fails = reason.startswith("compile error")
         case("build", "baseline", not base_fails, reason if base_fails else "builds", kind="error")
         case("build", "candidate", None if base_fails else not cand_fails,
-             reason if cand_fails else f"builds with {' '.join(v['compiler_flags']) or 'no flags'}")  # fmt: skip
+             reason if cand_fails else f"builds with {' '.join(v.compiler_flags) or 'no flags'}")  # fmt: skip
         if judged.tested is not None:
-            case("static", "static checks", not v["static_violations"],
-                 "; ".join(v["static_violations"]) or "no violation")  # fmt: skip
+            case("static", "static checks", not v.static_violations,
+                 "; ".join(v.static_violations) or "no violation")  # fmt: skip
             checks = [*judged.tested.checks, *judged.tested.variant_checks]
             for c in checks:
                 figures = (f"max |err| {c.max_abs_err:.3g}" + (f" (bound {c.error_bound:.3g})" if c.error_bound
                                                                else "") if c.max_abs_err is not None else "")  # fmt: skip
                 case("correctness", f"{c.shape} {c.dtype} {c.variant or 'declared'}",
                      None if c.skipped else c.ok, c.message or figures or "ok")  # fmt: skip
-            if not judged.tested.correct and not v["static_violations"] and all(c.ok for c in checks):
+            if not judged.tested.correct and not v.static_violations and all(c.ok for c in checks):
                 case("correctness", "test", False, reason)  # failed outside any check (a crash, a timeout)
         if judged.profiled is not None and not judged.profiled.ok:
             case("timing", "profile", False, reason, kind="error" if judged.baseline_broken else "failure")
-        slow = {(s["shape"], s["dtype"]) for s in regressions(v, max_slowdown)}
-        for s in v["per_shape"]:
-            if s.get("speedup") is None:
+        slow = {(s.shape, s.dtype) for s in v.regressions(max_slowdown)}
+        for s in v.per_shape:
+            if s.speedup is None:
                 continue
-            text = (f"baseline {s['baseline_us']:.2f} us, candidate {s['candidate_us']:.2f} us, speedup "
-                    f"{s['speedup']:.3f}x, 95% CI [{s['speedup_ci'][0]:.3f}, {s['speedup_ci'][1]:.3f}] "
-                    f"({s['mode']}; limit {limit_of(v, max_slowdown):.3f})")  # fmt: skip
-            case("timing", f"{s['shape']} {s['dtype']}" + (" (held-out)" if s.get("held_out") else ""),
-                 (s["shape"], s["dtype"]) not in slow, text)
+            text = (f"baseline {s.baseline_us:.2f} us, candidate {s.candidate_us:.2f} us, speedup "
+                    f"{s.speedup:.3f}x, 95% CI [{s.speedup_ci[0]:.3f}, {s.speedup_ci[1]:.3f}] "
+                    f"({s.mode}; limit {v.limit(max_slowdown):.3f})")  # fmt: skip
+            case("timing", f"{s.shape} {s.dtype}" + (" (held-out)" if s.held_out else ""),
+                 (s.shape, s.dtype) not in slow, text)
     for k, n in counts.items():
         suite.set(k, str(n))
     suite.set("time", f"{seconds:.3f}")
@@ -161,7 +148,7 @@ async def verify(kernel_dir: Path, candidate: Path, target: str | None = None, f
         code, summary = exits.INFRA, f"infrastructure failure: {type(exc).__name__}: {exc}"
     seconds = time.monotonic() - start
     if judged is not None:
-        judged.verdict["seconds"]["total"] = round(seconds, 3)
+        judged.verdict.seconds["total"] = round(seconds, 3)
         out.write(render(judged.verdict))
     out.write(f"kopt verify: {summary} (exit {code})\n")
     out.flush()
@@ -169,7 +156,9 @@ async def verify(kernel_dir: Path, candidate: Path, target: str | None = None, f
         junit(judged, code, summary, spec.name, target, max_slowdown, seconds).write(
             junit_path, encoding="utf-8", xml_declaration=True)  # fmt: skip
     if json_path is not None:
-        record = dict(judged.verdict if judged else {}, exit_code=code, summary=summary, max_slowdown=max_slowdown,
-                      regressions=regressions(judged.verdict, max_slowdown) if judged else [])  # fmt: skip
+        record = dict(judged.verdict.model_dump(mode="json") if judged else {}, exit_code=code, summary=summary,
+                      max_slowdown=max_slowdown,
+                      regressions=[s.model_dump(mode="json") for s in judged.verdict.regressions(max_slowdown)]
+                      if judged else [])  # fmt: skip
         json_path.write_text(json.dumps(record, indent=1) + "\n")
     return code

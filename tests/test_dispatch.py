@@ -5,6 +5,7 @@ and a run whose candidates win different buckets keeps one library that dispatch
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import uuid
 
@@ -224,7 +225,9 @@ def test_a_run_keeps_one_library_with_the_fastest_values_of_each_bucket(temporal
     edges = {s.label for s in edge_shapes(load_spec(pkg), "cpu", load_spec(pkg).dispatch["cpu"])}
     assert edges == {"N=4095", "N=4096"} and edges <= set(sp.tested)  # both copies checked where they switch
     report = build_report("r", "t", req, result, None)
-    assert report["specialized"]["accepted"]
+    assert report.specialized.accepted
+    written = json.loads(report.to_json())
+    assert written["specialized"]["accepted"] and "source" not in written["best"]
     markdown = render_markdown(report, "kernel.cpp")
     assert "kept as the best" in markdown and f"## Best: `{sp.candidate_id}` (shape-specialized)" in markdown
 

@@ -29,6 +29,7 @@ from frontend.report import build_report, render_markdown
 from frontend.runs import apply_run_options, prepare_request
 from kopt import queues
 from kopt.agent_models import LLMCall
+from kopt.report_models import RunReport
 from kopt.run_models import OptimizeRequest, OptimizeResult
 from kopt.settings import Settings
 from tests.conftest import QUICK, REPO, cpu_cluster, kopt_env
@@ -126,7 +127,7 @@ class Run:
         """Every activity of the (single-segment) run, in scheduling order."""
         return activity_calls(self.history)
 
-    def report(self) -> dict:
+    def report(self) -> RunReport:
         assert self.result is not None
         return build_report(self.workflow_id, self.run_id, self.req, self.result, None)
 
@@ -279,9 +280,9 @@ def test_good_two_round_run(temporal_server, settings, llm_env):
     assert res.usage.device_seconds > 0
 
     report = run.report()
-    assert report["provider"] == "openai" and report["model"] == MODEL and report["status"] == "completed"
-    assert report["usage"]["llm_calls"] == 7 and report["usage"]["cost_usd"] == pytest.approx(7 * CALL_COST)
-    assert len(report["rounds"]) == 2 and report["best"]["candidate_id"] == res.best.candidate_id
+    assert report.provider == "openai" and report.model == MODEL and report.status == "completed"
+    assert report.usage.llm_calls == 7 and report.usage.cost_usd == pytest.approx(7 * CALL_COST)
+    assert len(report.rounds) == 2 and report.best.candidate_id == res.best.candidate_id
     md = render_markdown(report, "kernel.cpp")
     assert f"model {MODEL}" in md and "7 LLM calls, 700 + 350 tokens" in md
 
@@ -439,7 +440,7 @@ def test_budget_stops_the_run_cleanly_after_round_one(temporal_server, settings,
     assert res.best.candidate_id == res.rounds[0].candidate_id and res.best.round == 1
     assert res.usage.llm_calls == 4 and res.usage.cost_usd == pytest.approx(4 * CALL_COST)
     report = run.report()
-    assert report["stop_reason"] == reason and report["rounds_requested"] == 3
+    assert report.stop_reason == reason and report.rounds_requested == 3
     assert f"stopped early: {reason}" in render_markdown(report, "kernel.cpp")
 
 
@@ -466,7 +467,7 @@ def test_two_candidates_per_round_offline(temporal_server, settings, llm_env):
     for view in run.view.rounds[1:]:
         assert view.compile.candidate_id == view.candidate_id and view.test.candidate_id == view.candidate_id
         assert not view.llm_calls
-    assert res.usage.llm_calls == 0 and run.report()["candidates_per_round"] == 2
+    assert res.usage.llm_calls == 0 and run.report().candidates_per_round == 2
     # Every activity id names its round and slot (kopt/activity_table.py); history groups by them.
     assert all(c.at is not None and c.activity_id.startswith(f"r{c.at[0]}.s{c.at[1]}.{c.activity}.")
                for c in run.view_calls())  # fmt: skip
@@ -519,7 +520,7 @@ def test_single_agent_with_the_openai_provider(temporal_server, settings, llm_en
     assert [c.role for c in view.llm_calls] == ["single_agent"] and matches_wire(view.llm_calls[0], srv.requests[1])
     assert "Current source (kernel.cpp)" in view.llm_calls[0].messages[1].content
     assert view.code.candidate.id == record.candidate_id and view.compile.ok and view.profile.ok
-    assert res.usage.llm_calls == 3 and run.report()["single_agent"] is True
+    assert res.usage.llm_calls == 3 and run.report().single_agent is True
     last = run.view.rounds[2]  # the exhausted round: a plan, no candidate (not the best's id)
     assert last.plan.exhausted and last.candidate_id is None and last.code is None
     assert [c.role for c in last.llm_calls] == ["single_agent"]

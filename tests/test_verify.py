@@ -18,6 +18,7 @@ from containment.build import detect_toolchain
 from frontend import exits
 from frontend.evaluate import Judgement
 from frontend.verify import decide, junit, verify
+from kopt.verdict import ShapeVerdict, Verdict
 from tests.conftest import REPO, kopt_env
 
 SCALE2 = REPO / "tests" / "fixtures" / "scale2"
@@ -99,10 +100,10 @@ def test_a_slower_candidate_exits_3_with_the_slow_shapes_failed(tmp_path):
 
 
 def _timed(speedup: float, ci: list[float], noise_floor: float | None) -> Judgement:
-    row = {"shape": "N=65536", "dtype": "float32", "mode": "hot-cpu", "baseline_us": 37.1,
-           "candidate_us": 37.1 / speedup, "speedup": speedup, "speedup_ci": ci, "held_out": False}
-    verdict = {"correct": True, "reason": None, "static_violations": [], "per_shape": [row], "speedup_geomean": speedup,
-               "speedup_ci": ci, "verdict": "same", "noise_floor": noise_floor, "compiler_flags": []}  # fmt: skip
+    row = ShapeVerdict(shape="N=65536", dtype="float32", mode="hot-cpu", baseline_us=37.1, candidate_us=37.1 / speedup,
+                       speedup=speedup, speedup_ci=ci)  # fmt: skip
+    verdict = Verdict(kernel="scale2", target="cpu", candidate="c.cpp", correct=True, per_shape=[row],
+                      speedup_geomean=speedup, speedup_ci=ci, verdict="same", noise_floor=noise_floor)  # fmt: skip
     return Judgement(verdict=verdict)
 
 
