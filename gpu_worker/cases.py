@@ -84,34 +84,39 @@ class Buffer:
     """A kernel-visible tensor inside a poisoned, guarded (and possibly row-padded) allocation, placed
     as the arena says for argument `name` (remote.Placement): fenced (the view's end within
     GUARD_BYTES of unmapped memory, as close as a 256-byte aligned start allows), plain (a guard zone
-    after it too) or roomy (poison on each side as large as the view, and ROOM_BYTES at least)."""
+    after it too) or roomy (poison on each side as large as the view, and ROOM_BYTES at least).
+    Layouts (plan.LAYOUTS): `row_pad` elements after every row; `offset` elements between the aligned
+    start and the view (a view with a storage offset: its base is not 16-byte aligned); `transposed`
+    (2-D only): the storage holds the transpose, so the view's inner stride is its row count."""
 
     def __init__(self, shape: list[int], dtype: torch.dtype, device: str, row_pad: int = 0, guards: bool = True,
-                 pool: str = "shared", name: str = ""):  # fmt: skip
+                 pool: str = "shared", name: str = "", offset: int = 0, transposed: bool = False):  # fmt: skip
         size = torch.empty((), dtype=dtype).element_size()
         unit = GUARD_BYTES // size  # elements in one alignment unit
         g = unit if guards else 0
         row_pad = row_pad if len(shape) >= 2 else 0
-        phys = [*shape[:-1], shape[-1] + row_pad] if row_pad else list(shape)
+        transposed = transposed and len(shape) == 2 and not row_pad
+        phys = [shape[1], shape[0]] if transposed else [*shape[:-1], shape[-1] + row_pad] if row_pad else list(shape)
         n = math.prod(phys)
         shared = ARENA is not None and ARENA.target == device  # with the kernel hosts (remote.py)
-        self.placement = ARENA.placement(name, n * size, pool) if shared else "plain"
+        self.placement = ARENA.placement(name, (offset + n) * size, pool) if shared else "plain"
         room = max(g, n, ROOM_BYTES // size)
         lead = g if self.placement != "roomy" else -(-room // unit) * unit
         tail = {"fence": 0, "plain": g, "roomy": room}[self.placement]
-        tail += (-(n + tail)) % unit  # the storage ends on the unit, so the view starts on it
+        tail += (-(offset + n + tail)) % unit  # the storage ends on the unit, so its start is on it
         if shared:
-            self.storage = ARENA.tensor(lead + n + tail, dtype, owner=self, pool=pool,
+            self.storage = ARENA.tensor(lead + offset + n + tail, dtype, owner=self, pool=pool,
                                         fence=self.placement == "fence")  # fmt: skip
         else:
-            self.storage = torch.empty(lead + n + tail, dtype=dtype, device=device)
+            self.storage = torch.empty(lead + offset + n + tail, dtype=dtype, device=device)
         poison(self.storage)
-        inner = self.storage[lead : lead + n].view(phys)
-        self.view = inner[..., : shape[-1]] if row_pad else inner
+        start = lead + offset
+        inner = self.storage[start : start + n].view(phys)
+        self.view = inner.t() if transposed else inner[..., : shape[-1]] if row_pad else inner
         self.outside: torch.Tensor | None = None
-        if lead or tail or row_pad:
+        if lead or tail or row_pad or offset:
             self.outside = torch.ones(self.storage.shape, dtype=torch.bool, device=device)
-            self.outside[lead : lead + n].view(phys)[..., : shape[-1]] = False
+            self.outside[start : start + n].view(phys)[..., : phys[-1] - row_pad] = False
 
     def damage(self) -> int:
         """Elements outside the view whose poison was overwritten (out-of-bounds writes)."""
@@ -197,6 +202,20 @@ def draw_integers(arg: Argument, shape: list[int], dims: dict[str, int], seed: i
     return t.to(device)
 
 
+# Per argument, in the order the package declares them: the row padding of the "mixed" layout (in units
+# of plan.ROW_PAD: every argument strided apart from the one before it, some dense) and the element
+# offset of the "offset" layout (every base misaligned, each by another amount).
+LAYOUT_PADS = (0, 1, 2)
+LAYOUT_OFFSETS = (1, 3, 2)
+
+
+def layout_pad(cs: CaseSpec, index: int) -> int:
+    """The row padding of argument `index` in a case: the case's own, or the mixed layout's."""
+    if cs.layout == "mixed":
+        return cs.row_pad * LAYOUT_PADS[index % len(LAYOUT_PADS)]
+    return cs.row_pad
+
+
 class Case:
     """One call's worth of buffers over given pristine inputs; outputs poisoned."""
 
@@ -210,9 +229,11 @@ class Case:
         self.spec = cs
         shapes = shapes_of(args, cs.dim_map)
         self.buffers = {
-            a.name: Buffer(shapes[a.name], dtype_of(a, cs.dtype), device, cs.row_pad, guards, pool, a.name)
-            for a in args
-        }
+            a.name: Buffer(shapes[a.name], dtype_of(a, cs.dtype), device, layout_pad(cs, i), guards, pool, a.name,
+                           offset=LAYOUT_OFFSETS[i % len(LAYOUT_OFFSETS)] if cs.layout == "offset" else 0,
+                           transposed=cs.layout == "transposed")
+            for i, a in enumerate(args)
+        }  # fmt: skip
         self.tensors = {name: b.view for name, b in self.buffers.items()}
         for arg in args:
             if arg.role == "in":

@@ -10,7 +10,10 @@ records them) from the classes where kernels break (docs/measurement.md, correct
   them as large as the element budget allows (tail columns dropped only where many rows run);
 - aligned sizes of the kind served models use (three significant bits: 80, 1280, 5120, 14336), one
   symbol at a time and all at once (a shortcut keyed on "common" sizes);
-- small primes in every dimension.
+- small primes in every dimension;
+- the batch sizes that CUDA-graph serving pads decode batches to (1, 2, 4, then multiples of 8 to 512),
+  three per job, on the first argument's leading symbol, the others awkward and small (a shortcut keyed on
+  them).
 Each shape stays under an element budget per target (CPU kernels are single-threaded), shrinking the
 other symbols first, so the size that is the point of the shape survives.
 """
@@ -32,6 +35,10 @@ FUZZ_BUDGET = {"cpu": 1 << 18, "cuda": 1 << 24}
 # budget. Far below the ranges' ends (T 65536 x D 32768), but at the sizes of real prefill batches.
 LARGE_BUDGET = {"cpu": 1 << 24, "cuda": 1 << 28}
 TALL = 2048  # a tall batch: more rows than one wave of blocks covers on any GPU
+# The batch sizes vLLM and SGLang capture CUDA graphs for (a decode batch is padded up to one of them).
+GRAPH_BATCHES = (1, 2, 4, *range(8, 513, 8))
+GRAPH_DRAWS = 3
+GRAPH_OTHERS = 96  # the other symbols of a graph batch shape stay under this (the batch is the point)
 SMALL_PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43)
 # Residues mod 16 of an awkward size: never a multiple of 16; odd ones twice as likely.
 AWKWARD_RESIDUES = (1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15, 2, 4, 6, 8, 10, 12, 14)
@@ -114,6 +121,14 @@ def fuzz_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None = N
             break
     add({s: awkward(rng, *ranges[s]) for s in syms})  # awkward mid sizes
     add({s: min(max(rng.choice(SMALL_PRIMES), ranges[s][0]), ranges[s][1]) for s in syms})  # small primes
+    lead = spec.arguments[0].shape[0] if spec.arguments and spec.arguments[0].shape else None
+    if lead in syms:  # graph-captured batch sizes on the batch symbol, the others awkward
+        sizes = [b for b in GRAPH_BATCHES if ranges[lead][0] <= b <= ranges[lead][1]]
+        for b in rng.sample(sizes, min(GRAPH_DRAWS, len(sizes))):
+            dims = shrink(spec, {**{o: awkward(rng, *ranges[o], cap=GRAPH_OTHERS) for o in syms if o != lead}, lead: b},
+                          ranges, budget // 8, lead, rng, {})  # a small share of the budget: the batch is the point
+            if dims is not None:
+                add(dims, keep=lead)
     return out
 
 
@@ -144,17 +159,22 @@ def large_shape(spec: KernelSpec, target: str, seed: int, budget: int | None = N
 
 def size_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None = None,
                 exclude: list[dict[str, int]] | None = None) -> list[dict[str, int]]:  # fmt: skip
-    """Each declared size (kernel.toml [sizes]) of each symbol, the other symbols small (seeded), under
-    the budget; none in `exclude`."""
+    """Each declared size (kernel.toml [sizes]) of each symbol twice: the other symbols small (seeded),
+    then as large as half the budget allows; under the budget, none in `exclude`."""
     budget, rng, syms, ranges, seen = _draw(spec, target, seed, budget, exclude)
     out: list[dict[str, int]] = []
     for s, values in spec.sizes.items():
         for v in values:
-            others = {o: min(max(ranges[o][0], rng.choice(SMALL_PRIMES[:4])), ranges[o][1]) for o in syms if o != s}
-            dims = shrink(spec, {**others, s: v}, ranges, budget, s, rng, {})
-            if dims is not None and dims not in seen and empty_range(spec, dims) is None:
-                seen.append(dims)
-                out.append(dims)
+            small = {o: min(max(ranges[o][0], rng.choice(SMALL_PRIMES[:4])), ranges[o][1]) for o in syms if o != s}
+            # ... and the others as tall as half the budget allows (a prefill batch at that width), from 9 up
+            cap = max(1, budget // 2 // (elements(spec, {**{o: 1 for o in small}, s: v}) or 1))
+            tall = {o: awkward(rng, min(max(ranges[o][0], 9, cap // 2), ranges[o][1]), ranges[o][1], cap=cap)
+                    for o in small}  # fmt: skip
+            for others in (small, tall):
+                dims = shrink(spec, {**others, s: v}, ranges, budget, s, rng, {})
+                if dims is not None and dims not in seen and empty_range(spec, dims) is None:
+                    seen.append(dims)
+                    out.append(dims)
     return out
 
 

@@ -25,9 +25,19 @@ EDGE_BUDGET = {"cpu": 1 << 18, "cuda": 1 << 22}
 VARIANT_BUDGET = {"cpu": 1 << 20, "cuda": 1 << 26}
 SCALES = (0.01, 100.0)  # input scales of the scale variants (docs/measurement.md, correctness 2)
 ROW_PAD = 8  # elements of padding per row in the strided variant (keeps 16-byte alignment)
+# Layouts beyond "strided" (every argument's rows padded alike), as callers pass views: "mixed", each
+# argument's rows padded by another multiple of ROW_PAD (0, 1, 2 in turn: an input strided and the
+# residual dense); "offset", every base a few elements past an aligned address (a view with a storage
+# offset); "transposed", 2-D arguments whose inner stride is not 1 (a [T, NH] view of an [NH, T] tensor).
+# Each applies where the baseline takes it (a kernel that needs dense rows refuses, and it is skipped).
+LAYOUTS = ("mixed", "offset", "transposed")
 # Input classes the harness plants (gpu_worker/planted.py), each a variant group at one shape.
 PLANTED_KINDS = ("zeros", "repeated", "sparse", "constant", "leading-zeros", "huge", "tiny", "nonfinite",
                  "same-as-other")
+# Variants that count only beside a baseline that passes them: a kernel's NaN and infinity handling is
+# the package's to choose (a -ffast-math baseline drops it); a candidate must keep what its baseline does.
+# Judged alone (the package's own kernel in an optimization's round 0), a failure there is a note.
+NEEDS_BASELINE = ("planted:nonfinite",)
 # Outputs filled with something other than the NaN poison before the call, as a serving framework's
 # buffers are (torch.empty's leftovers, zeros): a kernel that does its work only on poisoned outputs, to
 # tell the harness from production, is wrong here.
@@ -51,6 +61,7 @@ class CaseSpec:
     row_pad: int = 0
     plant: str = ""  # an input class the harness plants (gpu_worker/planted.py)
     fill: str = ""  # what outputs hold before a call: "" the NaN poison, or one of OUTPUT_FILLS
+    layout: str = ""  # "" every argument alike (row_pad each), or one of LAYOUTS (cases.Buffer)
 
     @property
     def dim_map(self) -> dict[str, int]:
@@ -228,7 +239,14 @@ def test_plan(
         fitting = [s for s in shapes if elements(spec, s.dims) <= budget]
         if fitting:
             shape = max(fitting, key=lambda s: elements(spec, s.dims))
+            dims = tuple(shape.dims.items())
             for dtype in dtypes:
-                case = CaseSpec(tuple(shape.dims.items()), dtype, "strided", 0, row_pad=ROW_PAD)
+                case = CaseSpec(dims, dtype, "strided", 0, row_pad=ROW_PAD)
                 groups.append(Group(shape.label, dtype, "strided", False, [case]))
+            for i, layout in enumerate(LAYOUTS):  # one dtype each, in turn
+                dtype = dtypes[(turn + i) % len(dtypes)] if dtypes else None
+                if dtype is not None:
+                    v = f"layout:{layout}"
+                    case = CaseSpec(dims, dtype, v, 0, row_pad=ROW_PAD if layout == "mixed" else 0, layout=layout)
+                    groups.append(Group(shape.label, dtype, v, False, [case]))
     return groups

@@ -74,9 +74,9 @@ def _apply(kind: str, rows: torch.Tensor, picked: torch.Tensor, gen: torch.Gener
         rows[picked] = torch.where(keep, rows[picked], torch.zeros_like(rows[picked]))
     elif kind == "constant":  # one value repeated along the row
         rows[picked] = rows[picked][:, :1].expand(-1, w).clone()
-    elif kind == "leading-zeros":  # the first half of the row (a gate, say), or a random prefix, zero
+    elif kind == "leading-zeros":  # the first half of the row (a gate, say), or a shorter prefix, zero
         for i, r in enumerate(picked.tolist()):
-            k = w // 2 if i % 2 == 0 else int(torch.randint(1, max(2, w), (1,), generator=gen))
+            k = w // 2 if i % 2 == 0 else int(torch.randint(1, max(2, w // 2), (1,), generator=gen))
             rows[r, : max(1, k)] = 0.0
     elif kind == "nonfinite":  # one NaN, +inf or -inf per row, in turn (an upstream overflow, an empty state)
         cols = torch.randint(0, w, (len(picked),), generator=gen)

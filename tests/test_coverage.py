@@ -289,7 +289,8 @@ def test_evaluate_judges_the_declared_held_out_shapes(tmp_path):
     verdict = json.loads(out.getvalue())
     assert code == 0 and held and verdict["holdout_shapes"] == held, verdict
     assert {s["shape"] for s in verdict["per_shape"] if s["held_out"]} == set(held)
-    assert verdict["checks"]["failed"] == [] and verdict["checks"]["skipped"] == 0
+    # Every check applies but the layout silu_and_mul's baseline refuses (rows must be dense).
+    assert verdict["checks"]["failed"] == [] and verdict["checks"]["skipped"] == 1
 
 
 # ---------------------------------------------------------------- on a GPU

@@ -88,8 +88,9 @@ def test_edge_shapes_come_from_the_declared_ones():
     assert [g.variant for g in groups[:3]] == ["", "x0.01", "x100"] and len(groups[0].cases) == 2
     planted = {f"planted:{k}" for k in plan.PLANTED_KINDS}
     fills = {f"fill:{f}" for f in plan.OUTPUT_FILLS}
+    layouts = {f"layout:{lay}" for lay in plan.LAYOUTS}
     assert {g.variant for g in groups} == {"", "x0.01", "x100", "edge", "strided", "update", "repeat", "burst", *planted,
-                                           *fills}  # fmt: skip
+                                           *fills, *layouts}  # fmt: skip
     # The sequences and planted inputs go to the largest declared shape under the edge budget.
     assert {g.label for g in groups if g.variant in ("update", "burst", *planted, *fills)} == {"T=7,D=1000"}
     assert plan.prime_at_most(4096) == 4093 and plan.next_prime(97) == 101
