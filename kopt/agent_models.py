@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, StrictInt, field_validator
 
 from kopt import expr
+from kopt.models import EVALUATING as MODELS_EVALUATING
 from kopt.models import (
     Candidate,
     CodeRequest,
@@ -35,8 +36,9 @@ ROLE_FALLBACK: dict[str, str] = {"repair": "coder"}
 PROVIDERS = ("offline", "openai")  # the agent providers a run may name
 ENV_PREFIX = "KOPT_OPENAI_"
 # RoundRecord.failure of a candidate proposed earlier in the same round (not evaluated yet): later
-# slots see it in their history so that they propose something else; it is not a failure.
-EVALUATING = "being evaluated in this round"
+# slots see it in their history so that they propose something else; it is not a failure. Defined
+# beside RoundRecord (kopt.models), named here too for the agents.
+EVALUATING = MODELS_EVALUATING
 
 # ApplicationError types of the agent activities (agents/llm.py raises them; the workflow sorts them).
 RATE_LIMITED = "LLMRateLimited"

@@ -185,6 +185,13 @@ class ShapeSpeedup(BaseModel):
         return slower_beyond(self.ci_high, limit, self.noise_floor)
 
 
+# What became of a round's candidate. Records written before the field have none: `kind` reads their
+# failure text instead (its words before the first colon were the status).
+RoundStatus = Literal["measured", "no candidate", "evaluating", "compile error", "wrong result", "profile failed"]
+FAILURE_STATUSES: tuple[str, ...] = ("compile error", "wrong result", "profile failed")
+EVALUATING = "being evaluated in this round"  # the failure text of a record whose candidate is not judged yet
+
+
 class RoundRecord(BaseModel):
     """One finished round, compact: what the planner sees and what the report lists.
 
@@ -206,6 +213,21 @@ class RoundRecord(BaseModel):
     speedup_ci: list[float] | None = None  # 95% interval of the geomean speedup (interleaved A/B)
     accepted: bool = False  # became the new best
     regressions: list[str] = Field(default_factory=list)  # "shape dtype" statistically slower than the baseline
+    status: RoundStatus | None = None  # None in records written before the field (see `kind`)
+
+    @property
+    def kind(self) -> RoundStatus:
+        """The status, or for an older record the one its failure text and figures imply."""
+        if self.status is not None:
+            return self.status
+        if self.speedup_geomean is not None:
+            return "measured"
+        if self.failure == EVALUATING:
+            return "evaluating"
+        head = (self.failure or "").split(":", 1)[0]
+        if head in FAILURE_STATUSES:
+            return head  # type: ignore[return-value]
+        return "measured" if self.compiled and not self.failure else "no candidate"
 
 
 class HistoryDigest(BaseModel):

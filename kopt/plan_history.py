@@ -29,10 +29,11 @@ def outcome(record: RoundRecord) -> str:
     """A record's result in a few words: "1.013x", "1.013x best", "compile error", "evaluating"."""
     if record.speedup_geomean is not None:
         return f"{record.speedup_geomean:.3f}x" + (" best" if record.accepted else "")
-    if record.failure == EVALUATING:
-        return "evaluating"
-    if record.failure:
-        return record.failure.split(":", 1)[0]  # "compile error", "wrong result", "profile failed"
+    kind = record.kind
+    if kind in ("evaluating", "compile error", "wrong result", "profile failed"):
+        return kind
+    if record.failure:  # no candidate: the agent's reply was unusable
+        return record.failure.split(":", 1)[0]
     return "compiled" if record.compiled else "did not compile"
 
 

@@ -113,7 +113,7 @@ def test_canary_reaches_no_store_and_no_prompt(temporal_server, tmp_path_factory
 
     needles = [CANARY_KEY, SECRET, f"sk-{PLANTED}"]
     history = run.history.to_json()
-    report = json.dumps(run.report())
+    report = run.report().to_json()
     bodies = [json.dumps(r.body) for r in srv.requests]
     assert len(srv.requests) == len(script)
     assert "[REDACTED]" in bodies[-2]  # round 2's planner saw round 1's failure, redacted

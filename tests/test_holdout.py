@@ -85,6 +85,6 @@ def test_a_best_that_loses_on_held_out_shapes_is_flagged_overfit(temporal_server
     assert all(s.shape != "N=8192" for r in result.rounds for s in r.per_shape)
     assert [r.round for r in view.rounds] == [0, 1]
     report = build_report("r", "t", req, result, None)
-    assert report["holdout"]["overfit"]
+    assert report.holdout.overfit
     text = render_markdown(report, "kernel.cpp")
     assert "## Held-out shapes (N=8192)" in text and "OVERFIT" in text and "slower than the baseline at N=8192" in text

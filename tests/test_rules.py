@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kopt.models import ABResult, ProfileResult, ShapeAB, ShapeTiming
+from kopt.models import EVALUATING, ABResult, ProfileResult, RoundRecord, ShapeAB, ShapeTiming
 from kopt.run_models import Budgets, Usage
 from workflows import rules
 
@@ -102,3 +102,17 @@ def test_speedups_come_from_the_ab_when_there_is_one_else_from_medians():
     assert not rules.significant(_profile("same", {"T=1": 5.0}))
     assert rules.significant(_profile(None, {"T=1": 5.0}))  # no A/B (CPU timing alone): medians decide
     assert rules.geomean([2.0, 8.0]) == pytest.approx(4.0) and rules.geomean([]) == 0.0
+
+
+def test_a_round_record_says_its_status_and_older_records_are_read_from_their_failure_text():
+    base = dict(round=1, candidate_id="c", description="d", tunables={}, flags=[], compiled=True, correct=False)
+    assert RoundRecord(**base, failure="wrong result: x", status="wrong result").kind == "wrong result"
+    # Written before the field: the words before the first colon were the status.
+    assert RoundRecord(**base, failure="compile error: a.cpp:3: error").kind == "compile error"
+    assert RoundRecord(**base, failure="profile failed: timed out").kind == "profile failed"
+    assert RoundRecord(**base, failure=EVALUATING).kind == "evaluating"
+    assert RoundRecord(**{**base, "compiled": False}, failure="planner: unusable reply").kind == "no candidate"
+    assert RoundRecord(**{**base, "correct": True}, speedup_geomean=1.2).kind == "measured"
+    # The field wins over the text: an agent's failure that happens to start like a status word.
+    odd = RoundRecord(**{**base, "compiled": False}, failure="compile error: the coder's reply", status="no candidate")
+    assert odd.kind == "no candidate"

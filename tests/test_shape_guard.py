@@ -47,14 +47,14 @@ def test_a_geomean_win_slower_at_one_shape_is_not_the_best_unless_allowed(tempor
     assert guarded.best.candidate_id != rec.candidate_id
     assert not any(s.regression() for s in guarded.best.per_shape)
     report = build_report("r", "t", req, guarded, None)
-    assert report["round_regressions"][rec.candidate_id] == ["N=8192 float32"] and report["best_regressions"] == []
+    assert report.round_regressions[rec.candidate_id] == ["N=8192 float32"] and report.best_regressions == []
     assert "not eligible as the best" in render_markdown(report, "kernel.cpp")
 
     req, allowed = asyncio.run(_run(temporal_server, settings, allow=True))
     rec = _mode1(allowed)
     assert rec.accepted and allowed.best.candidate_id == rec.candidate_id
     report = build_report("r", "t", req, allowed, None)
-    assert report["best_regressions"] == ["N=8192 float32"]
+    assert report.best_regressions == ["N=8192 float32"]
     assert "The best is slower than the baseline at N=8192 float32" in render_markdown(report, "kernel.cpp")
 
 

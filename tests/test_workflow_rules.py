@@ -129,6 +129,7 @@ def test_the_workflow_accepts_by_min_gain_significance_and_the_shape_guard(tempo
     result = asyncio.run(_run(temporal_server.address, tmp_path / "home", script, rounds=5, slots=1))
     accepted = {r.round: r.accepted for r in result.rounds}
     assert accepted == {1: False, 2: True, 3: False, 4: False, 5: True}, result.rounds
+    assert {r.status for r in result.rounds} == {"measured"}
     assert result.rounds[3].regressions == ["T=1 float32"]
     assert result.best.candidate_id == "cand-r5-s0" and result.best.speedup_geomean == 1.27
 

@@ -62,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         ExecRequest,
         Plan,
         RoundRecord,
+        RoundStatus,
         Shape,
         TestResult,
     )
@@ -451,7 +452,7 @@ class OptimizeKernel:
             if isinstance(proposal, str):
                 failed.append(RoundRecord(round=rnd, candidate_id=f"round{rnd}-slot{slot}-no-candidate",
                                           description="(no candidate)", tunables={}, flags=[], slot=slot,
-                                          compiled=False, correct=False, failure=proposal))
+                                          compiled=False, correct=False, failure=proposal, status="no candidate"))
                 continue
             if proposal is None:
                 break
@@ -461,7 +462,7 @@ class OptimizeKernel:
             # Later slots see this one as tried, so each slot proposes something different.
             pending.append(RoundRecord(round=rnd, candidate_id=coded.candidate.id, description=plan.description,
                                        tunables=plan.tunables, flags=plan.flags, slot=slot, compiled=False,
-                                       correct=False, failure=EVALUATING))
+                                       correct=False, failure=EVALUATING, status="evaluating"))
         if not proposals and failed:
             for record in failed:
                 self._event(f"round {rnd}/{record.slot}: {record.failure}")
@@ -513,7 +514,7 @@ class OptimizeKernel:
                 flags=cand.flags, slot=slots[slot], compiled=bool(outcome.compile and outcome.compile.ok),
                 correct=outcome.correct, speedup_geomean=outcome.speedup_geomean, failure=_failure(outcome),
                 compile_seconds=outcome.compile.seconds if outcome.compile else None, per_shape=outcome.per_shape,
-                speedup_ci=outcome.speedup_ci, accepted=slot == accepted, regressions=slow))
+                speedup_ci=outcome.speedup_ci, accepted=slot == accepted, regressions=slow, status=_status(outcome)))
         for record in failed:
             self._event(f"round {rnd}/{record.slot}: {record.failure}")
         return sorted([*records, *failed], key=lambda r: r.slot)
@@ -735,6 +736,17 @@ def _failure(outcome: CandidateOutcome) -> str | None:
     if outcome.profile is not None and not outcome.profile.ok:
         return f"profile failed: {outcome.profile.reason}"
     return None
+
+
+def _status(outcome: CandidateOutcome) -> RoundStatus:
+    """The status word of a judged candidate (the head of its _failure text where it failed)."""
+    if outcome.compile is not None and not outcome.compile.ok:
+        return "compile error"
+    if outcome.test is not None and not outcome.test.correct:
+        return "wrong result"
+    if outcome.profile is not None and not outcome.profile.ok:
+        return "profile failed"
+    return "measured" if outcome.speedup_geomean is not None else "profile failed"
 
 
 def _times(outcome: CandidateOutcome) -> str:
