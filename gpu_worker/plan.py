@@ -33,7 +33,7 @@ ROW_PAD = 8  # elements of padding per row in the strided variant (keeps 16-byte
 LAYOUTS = ("mixed", "offset", "transposed")
 # Input classes the harness plants (gpu_worker/planted.py), each a variant group at one shape.
 PLANTED_KINDS = ("zeros", "repeated", "sparse", "constant", "leading-zeros", "huge", "tiny", "nonfinite",
-                 "same-as-other")
+                 "ones", "same-as-other")
 # Variants that count only beside a baseline that passes them: a kernel's NaN and infinity handling is
 # the package's to choose (a -ffast-math baseline drops it); a candidate must keep what its baseline does.
 # Judged alone (the package's own kernel in an optimization's round 0), a failure there is a note.

@@ -1,9 +1,9 @@
 """Input classes the harness plants itself, whatever the package's make_inputs() draws.
 
 A generator of random normals never yields a row of zeros, a row equal to another, a row of one
-value, values near the dtype's limits or a NaN or an infinity; kernels that take shortcuts on such
-rows (skip a zero row, treat a leading run of zeros as padding, memoize a repeated row, read a NaN
-as padding) pass every random test. Each kind below rewrites a seeded share of the rows (the last
+value, values near the dtype's limits, a NaN or an infinity, or a weight of exactly one; kernels that
+take shortcuts on such rows (skip a zero row, treat a leading run of zeros as padding, memoize a
+repeated row, read a NaN as padding, skip work for a unit gain) pass every random test. Each kind below rewrites a seeded share of the rows (the last
 dimension) of every float input the package lets the harness rescale (kernel.toml `scale`, default
 true: tables and integer inputs are left alone). Rows are chosen alike in every input of the same
 row count, so a zero row of `input` meets a zero row of `residual`, plus a few rows of each input
@@ -33,6 +33,9 @@ def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed
     taken: dict[int, set[int]] = {}  # row count -> rows already planted in some input (shared or own)
     for name in names:
         t = inputs[name]
+        if kind == "ones" and t.dim() == 1:  # a gain of exactly one everywhere (a norm without a learned scale)
+            inputs[name] = torch.ones_like(t)
+            continue
         rows = t.reshape(-1, row_width(t)) if t.numel() else None
         if rows is None or rows.shape[0] < 2 or rows.shape[1] == 0:
             continue
@@ -50,6 +53,7 @@ def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed
         if kind == "same-as-other":
             _same_as_other(name, names, inputs, picked)
             continue
+
         work = rows.double().cpu()  # planted on the CPU (the seeded generator's device), then moved back
         _apply(kind, work, picked, gen, t.dtype)
         inputs[name] = work.to(dtype=t.dtype, device=t.device).reshape(t.shape)
@@ -78,6 +82,8 @@ def _apply(kind: str, rows: torch.Tensor, picked: torch.Tensor, gen: torch.Gener
         for i, r in enumerate(picked.tolist()):
             k = w // 2 if i % 2 == 0 else int(torch.randint(1, max(2, w // 2), (1,), generator=gen))
             rows[r, : max(1, k)] = 0.0
+    elif kind == "ones":  # rows of exactly 1.0
+        rows[picked] = 1.0
     elif kind == "nonfinite":  # one NaN, +inf or -inf per row, in turn (an upstream overflow, an empty state)
         cols = torch.randint(0, w, (len(picked),), generator=gen)
         values = torch.tensor([math.nan, math.inf, -math.inf], dtype=rows.dtype)

@@ -15,7 +15,8 @@ from upstream) makes m NaN, so the pair's v_out and s_out are NaN, beside an emp
 import torch
 
 # Special LSE pairs planted on every call (s_a, s_b): each on about 1/32 of the pairs where there are
-# at least MIN_PAIRS of them, else on each pair with one chance in two.
+# at least MIN_PAIRS of them (and a run of consecutive pairs empty on one side), else on each pair
+# with one chance in two.
 INF = float("inf")
 SPECIAL = [(-INF, None), (None, -INF), (-INF, -INF), (INF, None), (None, INF), (INF, -INF), (INF, INF)]
 MIN_PAIRS = 8
@@ -43,6 +44,15 @@ def make_inputs(dims: dict[str, int], dtype: torch.dtype, seed: int, device: str
                 flat_a[idx] = a
             if b is not None:
                 flat_b[idx] = b
+        # A run of consecutive pairs empty on one side (cascade attention: a request with no shared
+        # prefix leaves every head of its tokens empty on the prefix side), a seed-chosen side, start
+        # and length (at least MIN_PAIRS + 1 pairs, up to a quarter of them).
+        length = int(torch.randint(MIN_PAIRS + 1, max(MIN_PAIRS + 2, pairs // 4 + 1), (1,), generator=gen,
+                                   device=device))  # fmt: skip
+        length = min(length, pairs - 1)
+        start = int(torch.randint(0, pairs - length + 1, (1,), generator=gen, device=device))
+        side = flat_a if int(torch.randint(0, 2, (1,), generator=gen, device=device)) == 0 else flat_b
+        side[start : start + length] = -INF
     elif pairs:
         # Fewer pairs (a one-token decode over a few heads per rank) meet empty states too: each pair
         # is one of the special kinds or ordinary, one chance in two, drawn by the seed.
