@@ -146,7 +146,8 @@ def rounds_by_id(calls: list[ActivityCall], segment: int) -> list[RoundView]:
         elif call.activity in (COMPILE.name, TEST.name, PROFILE.name):
             setattr(view, call.activity, out)
             if view.candidate_id is None:  # the baseline's own calls
-                view.candidate_id = call.input.candidate.id if call.activity == COMPILE.name else call.input.candidate_id
+                compiled = call.activity == COMPILE.name
+                view.candidate_id = call.input.candidate.id if compiled else call.input.candidate_id
     for (rnd, slot), view in views.items():
         if rnd in diagnoses:
             view.diagnosis = diagnoses[rnd][0]
@@ -232,8 +233,9 @@ async def load_run(client: Client, workflow_id: str, run_id: str | None = None) 
         view.rounds.extend(rounds_of(activity_calls(history), baseline_id, i))
     last = histories[-1].events[-1]
     if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
-        view.status = "completed"
         view.result = _decode(last.workflow_execution_completed_event_attributes.result, OptimizeResult)
+        # The workflow completes when the run fails too (its baseline broken): the result says which.
+        view.status = view.result.status.replace("_", " ") if view.result is not None else "completed"
     elif last.event_type in (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
                              EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
                              EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,

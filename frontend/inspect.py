@@ -118,13 +118,15 @@ async def status(client: Client, run: str, out=sys.stdout, reports: Path | None 
     """A finished run: from its history (no worker needed); a live one: its own progress query, else
     its history."""
     handle, desc = await describe(client, run)
-    print(f"run {run}: {desc.status.name.lower() if desc.status else 'unknown'} (Temporal run {desc.run_id})",
-          file=out)
-    progress = await live_progress(handle) if desc.status == WorkflowExecutionStatus.RUNNING else None
+    running = desc.status == WorkflowExecutionStatus.RUNNING
+    progress = await live_progress(handle) if running else None
+    ran = await load_run(client, run) if progress is None else None
+    state = ran.status if ran is not None and not running else desc.status.name.lower() if desc.status else "unknown"
+    print(f"run {run}: {state} (Temporal run {desc.run_id})", file=out)
     if progress is None:
-        if desc.status == WorkflowExecutionStatus.RUNNING:
+        if running:
             print("  no workflow worker is serving it (is its `kopt optimize` running?); from history:", file=out)
-        for line in history_summary(await load_run(client, run), reports):
+        for line in history_summary(ran, reports):
             print(f"  {line}", file=out)
         for line in await llm_waits(handle, desc):
             print(f"  {line}", file=out)

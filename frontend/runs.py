@@ -196,7 +196,8 @@ async def run_optimization(req: OptimizeRequest | None, kernel_dir: Path | None,
         if req is not None:
             wf_id, ended = await _fresh_or_ended(client, wf_id, rerun)
             if ended is not None:
-                return _say_ended(ended, wf_id, report_dir or settings.home / "reports" / wf_id, say)
+                outcome = await _outcome_of(client, wf_id, ended)
+                return _say_ended(ended, wf_id, report_dir or settings.home / "reports" / wf_id, say, outcome)
         if resume is not None:
             req, wf_id = await resume_point(client, settings, resume, serve=workers_plan is None and
                                             not settings.temporal_address)
@@ -218,8 +219,8 @@ async def run_optimization(req: OptimizeRequest | None, kernel_dir: Path | None,
         report = build_report(wf_id, run_id, req, result, ui_url)
         target_dir = report_dir or settings.home / "reports" / wf_id
         name = req.package.spec.sources[req.target]
-        write_report(target_dir, report, req.baseline.source, result.best.source if result.best else req.baseline.source,
-                     name)
+        best_source = result.best.source if result.best else req.baseline.source
+        write_report(target_dir, report, req.baseline.source, best_source, name)
         best = result.best
         made = "shape-specialized" if result.specialized and result.specialized.accepted else f"round {best.round}"
         say(f"best: {best.candidate_id} ({made}) {'workload-weighted' if req.workload else 'geomean'} "
@@ -286,15 +287,34 @@ async def _fresh_or_ended(client, wf_id: str, rerun: bool):
         n += 1
 
 
-def _say_ended(desc, wf_id: str, report_dir: Path, say) -> int:
+async def _outcome_of(client, wf_id: str, desc) -> OptimizeResult | None:
+    """The result of a run that completed as a workflow (which it does when its baseline failed too:
+    the failure is in the result), or None."""
+    from temporalio.client import WorkflowExecutionStatus
+
+    if desc.status != WorkflowExecutionStatus.COMPLETED:
+        return None
+    try:
+        return await client.get_workflow_handle(wf_id, result_type=OptimizeResult).result()
+    except Exception:  # noqa: BLE001 - an older result that no longer parses: the status alone speaks
+        return None
+
+
+def _say_ended(desc, wf_id: str, report_dir: Path, say, outcome: OptimizeResult | None = None) -> int:
     state = desc.status.name.lower() if desc.status else "closed"
+    if outcome is not None and outcome.status != "completed":  # the workflow ended, the run failed
+        state = outcome.status.replace("_", " ")
     when = desc.close_time.strftime("%Y-%m-%d %H:%M:%S UTC") if desc.close_time else "earlier"
-    say(f"run {wf_id} already ran with these arguments: {state} at {when}")
+    say(f"run {wf_id} already ran with these arguments: {state} at {when}"
+        + (f": {outcome.reason}" if outcome is not None and outcome.status != "completed" and outcome.reason
+           else ""))  # fmt: skip
     report = report_dir / "report.md"
     if report.is_file():
         say(f"report: {report}")
+    failed = outcome is not None and outcome.status != "completed"
     say(f"`kopt status {wf_id}` summarizes it; --rerun starts a fresh run"
-        + ("" if state == "completed" else f"; `kopt resume {wf_id}` continues it from its last finished round"))
+        + ("" if state == "completed" else " once what failed is fixed" if failed
+           else f"; `kopt resume {wf_id}` continues it from its last finished round"))  # fmt: skip
     if state != "completed":
         raise RunFailed(f"run {wf_id} ended {state}")
     return 0

@@ -141,6 +141,13 @@ def test_broken_baseline_fails_without_report(tmp_path, broken, reason):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("kopt: run ") and reason in last
     assert not reports.exists()
+    # The same command again says how the run ended, and fails again: a CI job that retries stays red.
+    again = kopt(["optimize", str(pkg), "--rounds", "1", "--report-dir", str(reports)], tmp_path / "home")
+    assert again.returncode == 1, (again.stdout, again.stderr)
+    assert "already ran with these arguments: baseline failed" in again.stdout and reason in again.stdout
+    run = last.split()[2].rstrip(":")
+    status = kopt(["status", run], tmp_path / "home")
+    assert f"run {run}: baseline failed" in status.stdout, status.stdout
 
 
 def test_time_cap_bounds_the_sampling_of_every_shape(tmp_path):

@@ -264,5 +264,7 @@ def test_a_bucket_win_the_weighted_objective_hides_is_kept(temporal_server, kopt
     sp = result.specialized
     assert sp.settings == [{"MODE": 1}, {"MODE": 0}] and sp.correct, sp.reason
     assert 1.0 <= sp.speedup_geomean < 1 + req.min_gain  # the objective alone would refuse it
-    assert sp.bucket_gains[0] > 4 and sp.bucket_gains[1] * (1 + req.min_gain) >= 1
+    # The small calls' bucket gains far more than min_gain (MODE 1 is ~16x faster there; the harness's
+    # round trip compresses the ratio at N = 1024: 3.9x to 5x measured on the 2-core CI VM).
+    assert sp.bucket_gains[0] > 2 * (1 + req.min_gain) and sp.bucket_gains[1] * (1 + req.min_gain) >= 1
     assert sp.accepted and result.best.candidate_id == sp.candidate_id, sp.reason

@@ -81,6 +81,9 @@ def test_a_stale_record_is_replaced_and_server_stop_respects_users(tmp_path):
         assert status.returncode == 0 and held.address in status.stdout
         forced = kopt(["server", "stop", "--force"], home, timeout=60)
         assert forced.returncode == 0 and "stopped the kopt server" in forced.stdout
+        deadline = time.monotonic() + 10  # the forced stop returns once the server is a zombie; reaped here
+        while held.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert not servers_on(home / "temporal.db") and not held.alive()
     finally:
         held.release()
