@@ -301,17 +301,14 @@ async def _outcome_of(client, wf_id: str, desc) -> OptimizeResult | None:
 
 
 def _say_ended(desc, wf_id: str, report_dir: Path, say, outcome: OptimizeResult | None = None) -> int:
-    state = desc.status.name.lower() if desc.status else "closed"
-    if outcome is not None and outcome.status != "completed":  # the workflow ended, the run failed
-        state = outcome.status.replace("_", " ")
+    failed = outcome is not None and outcome.status != "completed"  # the workflow ended, the run failed
+    state = outcome.status.replace("_", " ") if failed else desc.status.name.lower() if desc.status else "closed"
     when = desc.close_time.strftime("%Y-%m-%d %H:%M:%S UTC") if desc.close_time else "earlier"
     say(f"run {wf_id} already ran with these arguments: {state} at {when}"
-        + (f": {outcome.reason}" if outcome is not None and outcome.status != "completed" and outcome.reason
-           else ""))  # fmt: skip
+        + (f": {outcome.reason}" if failed and outcome.reason else ""))
     report = report_dir / "report.md"
     if report.is_file():
         say(f"report: {report}")
-    failed = outcome is not None and outcome.status != "completed"
     say(f"`kopt status {wf_id}` summarizes it; --rerun starts a fresh run"
         + ("" if state == "completed" else " once what failed is fixed" if failed
            else f"; `kopt resume {wf_id}` continues it from its last finished round"))  # fmt: skip

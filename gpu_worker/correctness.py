@@ -338,18 +338,18 @@ def run_sequence(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> 
     except PackageFault as exc:
         out.skipped = f"skipped: reference() cannot compute it ({exc})"
         return out
-    refused = ctx.baseline is None  # the candidate may refuse the call where the baseline refuses it
+    may_refuse = ctx.baseline is None  # no baseline, or one that refuses the call: the candidate may too
     if ctx.baseline is not None:
         msg = _sequence(ctx, ctx.baseline, args, cs, dev, bursts, refs, refer, tol, out.base)
         if msg:
-            out.base_ok = refused = False
-            if not msg.startswith("UNSUPPORTED "):  # refused: a candidate that takes the call is checked
+            out.base_ok = False
+            if not msg.startswith("UNSUPPORTED "):
                 out.skipped = f"skipped: the baseline fails it too ({msg})"
                 return out
-            refused = True
+            may_refuse = True  # refused: a candidate that takes the call is checked
     msg = _sequence(ctx, ctx.kernel, args, cs, dev, bursts, refs, refer, tol, out.cand)
     if msg:
-        if refused and msg.startswith("UNSUPPORTED "):
+        if may_refuse and msg.startswith("UNSUPPORTED "):
             out.skipped = f"skipped: the candidate does not take it ({msg.removeprefix('UNSUPPORTED ')})"
         else:
             out.message = msg.removeprefix("UNSUPPORTED ")

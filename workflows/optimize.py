@@ -509,12 +509,13 @@ class OptimizeKernel:
                 verdict += (f"; slower than the baseline at {', '.join(slow)}"
                             + ("" if req.allow_regressions else " (not eligible as the best)"))
             self._event(f"{tag}: {outcome.description}: {verdict}{' -> new best' if slot == accepted else ''}")
+            status, failure = _judged(outcome)
             records.append(RoundRecord(
                 round=rnd, candidate_id=cand.id, description=outcome.description, tunables=cand.tunables,
                 flags=cand.flags, slot=slots[slot], compiled=bool(outcome.compile and outcome.compile.ok),
-                correct=outcome.correct, speedup_geomean=outcome.speedup_geomean, failure=_failure(outcome),
+                correct=outcome.correct, speedup_geomean=outcome.speedup_geomean, failure=failure,
                 compile_seconds=outcome.compile.seconds if outcome.compile else None, per_shape=outcome.per_shape,
-                speedup_ci=outcome.speedup_ci, accepted=slot == accepted, regressions=slow, status=_status(outcome)))
+                speedup_ci=outcome.speedup_ci, accepted=slot == accepted, regressions=slow, status=status))
         for record in failed:
             self._event(f"round {rnd}/{record.slot}: {record.failure}")
         return sorted([*records, *failed], key=lambda r: r.slot)
@@ -726,27 +727,22 @@ def _calls_in(err: ApplicationError) -> list[LLMCall]:
     return calls
 
 
-def _failure(outcome: CandidateOutcome) -> str | None:
+def _judged(outcome: CandidateOutcome) -> tuple[RoundStatus, str | None]:
+    """What became of a judged candidate: its status word and, where it failed, the reason (the
+    status word, a colon, the detail)."""
     if outcome.compile is not None and not outcome.compile.ok:
         lines = outcome.compile.log_tail.strip().splitlines()
         errors = [line for line in lines if "error" in line.lower()]
-        return "compile error: " + ((errors or lines or ["no compiler output"])[0]).strip()
+        return "compile error", "compile error: " + ((errors or lines or ["no compiler output"])[0]).strip()
     if outcome.test is not None and not outcome.test.correct:
-        return f"wrong result: {outcome.test.reason}"
+        return "wrong result", f"wrong result: {outcome.test.reason}"
     if outcome.profile is not None and not outcome.profile.ok:
-        return f"profile failed: {outcome.profile.reason}"
-    return None
+        return "profile failed", f"profile failed: {outcome.profile.reason}"
+    return ("measured" if outcome.speedup_geomean is not None else "profile failed"), None
 
 
-def _status(outcome: CandidateOutcome) -> RoundStatus:
-    """The status word of a judged candidate (the head of its _failure text where it failed)."""
-    if outcome.compile is not None and not outcome.compile.ok:
-        return "compile error"
-    if outcome.test is not None and not outcome.test.correct:
-        return "wrong result"
-    if outcome.profile is not None and not outcome.profile.ok:
-        return "profile failed"
-    return "measured" if outcome.speedup_geomean is not None else "profile failed"
+def _failure(outcome: CandidateOutcome) -> str | None:
+    return _judged(outcome)[1]
 
 
 def _times(outcome: CandidateOutcome) -> str:
