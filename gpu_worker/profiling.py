@@ -345,12 +345,18 @@ def time_shape(
         if msg:
             raise KernelFailure(recheck_failure(ctx, rot, msg))
 
+    def sampled() -> list[timing.Stats]:
+        out = timing.sample(measures, cap, monitor if ctx.cuda else None, after_block)
+        ctx.sync_device()
+        return out
+
     sampling_start = time.perf_counter()
-    results = timing.sample(measures, cap, monitor if ctx.cuda else None, after_block)
-    sampling_s = time.perf_counter() - sampling_start
-    ctx.sync_device()
     if ctx.cuda:
-        ctx.hosts.check_clock_shape(rotations[-1].kernel, rotations[0].kernel if len(rotations) == 2 else None)
+        baseline = rotations[0].kernel if len(rotations) == 2 else None
+        results = ctx.hosts.clock_checked_shape(sampled, rotations[-1].kernel, baseline, f"{shape.label} {dtype}")
+    else:
+        results = sampled()
+    sampling_s = time.perf_counter() - sampling_start
     for i, rot in enumerate(rotations):
         if graphs is not None:
             msg = final_graph_check(ctx, rot, graphs[i], tol)

@@ -27,7 +27,9 @@ import subprocess
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -35,6 +37,8 @@ from containment.seccomp import KILLED_REASON
 from gpu_worker.abi import KOPT_DTYPES, KernelFailure, Packed, error_message
 from gpu_worker.kernel_host import BURST, CALL, EMPTY, PACK_HEAD, REPLY, SEGMENT, SEGMENT_SHIFT, TENSOR_HEAD, Hello, Op
 from gpu_worker.sandbox import FSIZE_LIMIT
+
+T = TypeVar("T")
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where gpu_worker/ and kopt/ are
 ALIGN = 256
@@ -73,7 +77,10 @@ CLOCK_SLACK_FRACTION = 0.05
 BLOCK_CLOCK_SLACK_US = 1000.0  # any block's median, a gross bound (plus BLOCK_CLOCK_SLACK_FRACTION)
 BLOCK_CLOCK_SLACK_FRACTION = 1.0
 RETAKEN = {"clock": "the judge's clock disagreed grossly",
-           "idle": "a host used CPU outside the calls"}
+           "idle": "a host used CPU outside the calls",
+           "shape": "the shape's clock check failed: that timing dropped"}
+MAX_DROPPED_NOTES = 4  # shape timings dropped (SHAPE_RETAKES) whose reason the notes give
+SHAPE_RETAKES = 2  # a shape whose clock check fails is timed again, at most this often (clock_checked_shape)
 BLOCK_RETAKES = 2  # a block that misses the gross bound or the idle check is taken again, at most this often
 SEGMENT_BYTES = 1 << 30  # CUDA: the smallest device-memory segment the arena adds for "plain" buffers
 # CUDA: buffers of at least this many bytes are always fenced (a segment of their own, rounded up to the
@@ -318,6 +325,7 @@ class Hosts:
         self.shape_reported: dict[tuple[str, str], list[float]] = {}  # (role, mode) -> each call's reading
         self.retaken: dict[str, int] = {}  # "role kind" or "role idle" -> blocks taken again (RETAKEN)
         self.idle_use: dict[str, float] = {}  # "role (caller|idle)" -> largest share of its spare a block used
+        self.dropped_timings: list[str] = []  # why each shape timing the shape clock check dropped
 
     def calibrate(self, kernel: RemoteKernel, n: int, prepare=None) -> None:
         """n more no-op round trips, each after `prepare()` where the timed calls have the judge's own
@@ -343,7 +351,9 @@ class Hosts:
                            f"{statistics.median(kept):.1f} us")  # fmt: skip
         for key, n in sorted(self.retaken.items()):
             role, why = key.rsplit(" ", 1)
-            out.append(f"{role}: {n} block(s) taken again ({RETAKEN.get(why, RETAKEN['clock'])})")
+            what = "shape(s) timed" if why == "shape" else "block(s) taken"
+            out.append(f"{role}: {n} {what} again ({RETAKEN.get(why, RETAKEN['clock'])})")
+        out.extend(f"a shape's timing dropped: {why}" for why in self.dropped_timings[:MAX_DROPPED_NOTES])
         for role, gaps in sorted(self.clock_gaps.items()):
             q = sorted(gaps)
             out.append(f"{role}: judge's clock less the host's events, block medians over {len(gaps)} blocks: "
@@ -418,14 +428,40 @@ class Hosts:
         key = f"{kernel.role} {kind}"
         self.retaken[key] = self.retaken.get(key, 0) + 1
 
-    def check_clock_shape(self, kernel: RemoteKernel, baseline: RemoteKernel | None) -> None:
-        """Over a shape (all its blocks of one mode), the candidate's round trip less reading (trimmed
-        mean over its calls) may exceed the baseline's, taken interleaved through the same context
-        switches, by CLOCK_SLACK_US plus CLOCK_SLACK_FRACTION of its median reading; without a
-        baseline's, its median gap against its own no-op is held to LONE_CLOCK_SLACK_US."""
-        shape_gaps, raw, reported = self.shape_gaps, self.shape_raw, self.shape_reported
+    def begin_shape(self) -> None:
+        """Forget the clock figures of the shape timed before (check_clock_shape)."""
         self.shape_gaps, self.shape_raw, self.shape_reported = {}, {}, {}
-        for (role, kind), gaps in shape_gaps.items():
+
+    def clock_checked_shape(
+        self, take: Callable[[], T], kernel: RemoteKernel, baseline: RemoteKernel | None, label: str = "shape"
+    ) -> T:
+        """take() times one shape (every block through check_clock); its result once the shape's clock
+        check passes over that timing (check_clock_shape). A timing that fails it is dropped and the
+        shape timed again, SHAPE_RETAKES times at most: an honest host whose calls met more of the
+        device's slow context switches than the baseline's by chance passes a later timing; a forger
+        fails each one. Failing every timing fails the host. The readings the verdict uses always come
+        from a timing that passed the check by itself."""
+        for attempt in range(1 + SHAPE_RETAKES):
+            self.begin_shape()
+            out = take()
+            why = self.check_clock_shape(kernel, baseline)
+            self.begin_shape()
+            if why is None:
+                return out
+            if attempt < SHAPE_RETAKES:
+                self.retake(kernel, "shape")
+                self.dropped_timings.append(f"{label}: {why}")
+        self.reject(kernel, f"{why}, in each of {1 + SHAPE_RETAKES} timings of the shape")
+        raise AssertionError("unreachable")  # reject() raises
+
+    def check_clock_shape(self, kernel: RemoteKernel, baseline: RemoteKernel | None) -> str | None:
+        """Over the shape's blocks so far (all of one mode), the candidate's round trip less reading
+        (trimmed mean over its calls) may exceed the baseline's, taken interleaved through the same
+        context switches, by CLOCK_SLACK_US plus CLOCK_SLACK_FRACTION of its median reading; without a
+        baseline's, its median gap against its own no-op is held to LONE_CLOCK_SLACK_US. None where it
+        holds, else why not."""
+        raw, reported = self.shape_raw, self.shape_reported
+        for (role, kind), gaps in self.shape_gaps.items():
             if role != kernel.role:
                 continue
             base = raw.get((baseline.role, kind)) if baseline is not None else None
@@ -437,7 +473,8 @@ class Hosts:
             if gap > allowed:
                 how = f"trimmed mean over the shape ({kind}), beyond the baseline's" if base else \
                     f"median over the shape ({kind})"
-                self.reject(kernel, self._forgery(kernel, gap, allowed, how))
+                return self._forgery(kernel, gap, allowed, how)
+        return None
 
     @staticmethod
     def _forgery(kernel: RemoteKernel, gap: float, allowed: float, how: str) -> str:

@@ -470,16 +470,62 @@ def test_the_shape_clock_check_compares_raw_round_trips_not_each_hosts_no_op():
                                     (60.0, (45.0, 45.0), True), (60.0, (230.0, 230.0), True)):  # fmt: skip
         hosts = remote.Hosts()
         base, cand = _Host("baseline", 1), _Host("candidate", 2)
-        for _ in range(10):
-            assert _clock(hosts, base, *block(), noops[0]) is None
-            assert _clock(hosts, cand, *block(forged_us), noops[1]) is None  # within the block's gross bound
+
+        def timed() -> str:
+            for _ in range(10):
+                assert _clock(hosts, base, *block(), noops[0]) is None
+                assert _clock(hosts, cand, *block(forged_us), noops[1]) is None  # within the block's gross bound
+            return "readings"
+
         if fails:
-            with pytest.raises(KernelFailure, match="forged clock"):
-                hosts.check_clock_shape(cand, base)
+            with pytest.raises(KernelFailure, match="forged clock.*in each of 3 timings"):
+                hosts.clock_checked_shape(timed, cand, base)
             assert cand.closed
         else:
-            hosts.check_clock_shape(cand, base)
+            assert hosts.clock_checked_shape(timed, cand, base) == "readings"
             assert not cand.closed
+
+
+def test_a_shape_whose_clock_check_fails_by_chance_is_timed_again_and_a_forger_fails_every_timing():
+    """remote.Hosts.clock_checked_shape: on an H100 and an H200 an honest copy of the baseline failed
+    the shape check now and then at T=16384,H=8192 (60.7 us over the baseline's against 58.1 allowed),
+    its calls having met more of the slow context switches than the baseline's. The timing that
+    failed is dropped and the shape timed again: a host unlucky once passes, its result is the timing
+    that passed; a host that forges its events beyond the slack in every timing fails after three, and
+    one that forges only in the timings it fails gains nothing (the kept timing passed by itself)."""
+    from gpu_worker import remote
+
+    reading = 100.0
+
+    def run(slow_share: list[float], forged_us: list[float]):
+        hosts = remote.Hosts()
+        base, cand = _Host("baseline", 1), _Host("candidate", 2)
+        attempts = []
+
+        def timed() -> int:
+            k = len(attempts)
+            attempts.append(k)
+            for i in range(10):
+                rts = [reading + (230.0 if j < 10 * 0.3 else 45.0) for j in range(10)]
+                assert _clock(hosts, base, rts, [reading] * 10, 45.0) is None
+                slow = round(10 * slow_share[k])
+                rts = [reading + (230.0 if j < slow else 45.0) for j in range(10)]
+                assert _clock(hosts, cand, rts, [reading - forged_us[k]] * 10, 45.0) is None
+            return k
+
+        try:
+            return hosts.clock_checked_shape(timed, cand, base), attempts, hosts, cand
+        except KernelFailure as e:
+            return str(e), attempts, hosts, cand
+
+    kept, attempts, hosts, cand = run([0.9, 0.3, 0.3], [0.0, 0.0, 0.0])  # unlucky once, then like the baseline
+    assert (kept, attempts, cand.closed) == (1, [0, 1], False)
+    assert hosts.retaken == {"candidate shape": 1}
+    assert any("1 shape(s) timed again" in line for line in hosts.summary())
+    why, attempts, _, cand = run([0.3, 0.3, 0.3], [60.0, 60.0, 60.0])  # forges every call by 60 us
+    assert (attempts, cand.closed) == ([0, 1, 2], True) and "in each of 3 timings" in why
+    kept, attempts, _, cand = run([0.3, 0.3, 0.3], [200.0, 200.0, 0.0])  # forges, then stops
+    assert (kept, cand.closed) == (2, False)  # the kept timing is the honest one
 
 
 def test_a_block_the_clock_disagrees_with_is_taken_again_and_only_repeated_disagreement_fails():
