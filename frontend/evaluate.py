@@ -24,22 +24,47 @@ from frontend.inputs import package_and_toolchain
 from gpu_worker import runner
 from kopt.errors import UsageError
 from kopt.flags import check_flags
-from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef, ProfileResult, Shape, TestResult
+from kopt.models import (
+    ArtifactRef,
+    CompileResult,
+    ExecRequest,
+    KernelSpec,
+    PackageRef,
+    ProfileResult,
+    RoundStatus,
+    Shape,
+    TestResult,
+)
 from kopt.package import source_path
 from kopt.verdict import CheckCounts, ShapeVerdict, Verdict
+from workflows import judging
 
 _NO_ARTIFACT = ArtifactRef(sha256="0" * 64, size=0, uri="file:///dev/null")  # libraries are local paths here
 
 
 @dataclass
 class Judgement:
-    """What judging one candidate found: the verdict (as `kopt evaluate --json` prints it), the
-    test and profile results where those steps ran, and whether the baseline itself was broken."""
+    """What judging one candidate found: the verdict (as `kopt evaluate --json` prints it), the steps
+    of the judging sequence (workflows/judging.py; None where the baseline did not compile), and
+    whether the baseline itself was broken."""
 
     verdict: Verdict
-    tested: TestResult | None = None
-    profiled: ProfileResult | None = None
+    steps: judging.Judged | None = None
     baseline_broken: bool = False
+
+    @property
+    def tested(self) -> TestResult | None:
+        return self.steps.tested if self.steps else None
+
+    @property
+    def profiled(self) -> ProfileResult | None:
+        return self.steps.profiled if self.steps else None
+
+    @property
+    def status(self) -> RoundStatus | None:
+        """The candidate's status word (compile error, wrong result, ...); None where the baseline did
+        not compile."""
+        return self.steps.status() if self.steps else None
 
 
 def check_inputs(kernel_dir: Path, candidate: Path, target: str | None, flags: list[str] | None,
@@ -80,11 +105,10 @@ async def judge(kernel_dir: Path, spec: KernelSpec, target: str, tc: Toolchain, 
         )
         verdict.seconds["build"] = round(max(base_build.seconds, cand_build.seconds), 3)
         if not base_build.ok:
-            verdict.reason = f"the baseline does not compile: {_last_line(base_build.log)}"
+            verdict.reason = f"the baseline does not compile: {judging.compile_error(base_build.log)}"
             return Judgement(verdict, baseline_broken=True)
-        if not cand_build.ok:
-            verdict.reason = f"compile error: {_last_line(cand_build.log)}"
-            return Judgement(verdict)
+        compiled = CompileResult(candidate_id=candidate.stem, ok=cand_build.ok, seconds=cand_build.seconds,
+                                 log_tail=cand_build.log, library=_NO_ARTIFACT if cand_build.ok else None)  # fmt: skip
         base_lib, cand_lib = Path(tmp) / "baseline" / "kernel.so", Path(tmp) / "candidate" / "kernel.so"
         shapes = spec.shapes[target]
 
@@ -97,17 +121,24 @@ async def judge(kernel_dir: Path, spec: KernelSpec, target: str, tc: Toolchain, 
                 large_shapes=kind == "test",
             )  # fmt: skip
 
-        progress("testing against the reference (baseline loaded for calibration)")
-        tested = await runner.run_test(request("test"), cand_lib, kernel_dir, spec, baseline=base_lib)
-        verdict.seconds["test"] = round(tested.seconds, 3)
-        _take_test(verdict, tested)
-        if not tested.correct:
-            return Judgement(verdict, tested, baseline_broken=_baseline_failed(tested.reason))
-        progress("profiling, interleaved with the baseline (A/B)")
-        profiled = await runner.run_profile(request("bench"), cand_lib, kernel_dir, spec, baseline=base_lib)
-        verdict.seconds["profile"] = round(profiled.seconds, 3)
-        _take_profile(verdict, profiled)
-    return Judgement(verdict, tested, profiled, baseline_broken=_baseline_failed(profiled.reason))
+        async def test() -> TestResult:
+            progress("testing against the reference (baseline loaded for calibration)")
+            tested = await runner.run_test(request("test"), cand_lib, kernel_dir, spec, baseline=base_lib)
+            verdict.seconds["test"] = round(tested.seconds, 3)
+            _take_test(verdict, tested)
+            return tested
+
+        async def profile() -> ProfileResult:
+            progress("profiling, interleaved with the baseline (A/B)")
+            profiled = await runner.run_profile(request("bench"), cand_lib, kernel_dir, spec, baseline=base_lib)
+            verdict.seconds["profile"] = round(profiled.seconds, 3)
+            _take_profile(verdict, profiled)
+            return profiled
+
+        steps = await judging.judge(compiled, test, profile)
+    verdict.reason = steps.failure()
+    verdict.correct = verdict.reason is None
+    return Judgement(verdict, steps, baseline_broken=steps.failed_party in ("baseline", "package"))
 
 
 async def evaluate(
@@ -128,12 +159,6 @@ async def evaluate(
     return _finish(judged.verdict, as_json, out, start)
 
 
-def _baseline_failed(reason: str | None) -> bool:
-    """The harness names a failure of the baseline library itself ("baseline: ...") or of the package's
-    own reference.py ("package error: ...")."""
-    return bool(reason) and reason.startswith(("baseline", "package error"))
-
-
 def _take_test(verdict: Verdict, tested: TestResult) -> None:
     verdict.device = tested.device or None
     verdict.static_violations = tested.static_violations
@@ -141,8 +166,6 @@ def _take_test(verdict: Verdict, tested: TestResult) -> None:
     checks = tested.checks + tested.variant_checks
     verdict.checks = CheckCounts(total=len(checks), skipped=sum(c.skipped for c in checks),
                                  failed=[c.key for c in checks if not c.ok])  # fmt: skip
-    verdict.correct = tested.correct
-    verdict.reason = None if tested.correct else tested.reason
 
 
 def _take_profile(verdict: Verdict, profiled: ProfileResult) -> None:
@@ -151,8 +174,6 @@ def _take_profile(verdict: Verdict, profiled: ProfileResult) -> None:
     verdict.notes += profiled.notes
     verdict.flags = profiled.flags
     if not profiled.ok:
-        verdict.correct = False
-        verdict.reason = f"profile failed: {profiled.reason}"
         return
     ab = {(s.shape, s.dtype): s for s in (profiled.ab.per_shape if profiled.ab else [])}
     for t in profiled.timings:
@@ -215,8 +236,3 @@ def _progress(err: TextIO, as_json: bool, message: str) -> None:
     if not as_json:
         err.write(f"kopt evaluate: {message} ...\n")
         err.flush()
-
-
-def _last_line(log: str) -> str:
-    lines = [ln for ln in log.strip().splitlines() if "error" in ln.lower()] or log.strip().splitlines()
-    return lines[0].strip() if lines else "no compiler output"

@@ -82,8 +82,8 @@ def junit(judged: Judgement | None, code: int, summary: str, kernel: str, target
     else:
         v = judged.verdict
         reason = v.reason or ""
-        base_fails = reason.startswith("the baseline does not compile")
-        cand_fails = reason.startswith("compile error")
+        base_fails = judged.steps is None
+        cand_fails = judged.status == "compile error"
         case("build", "baseline", not base_fails, reason if base_fails else "builds", kind="error")
         case("build", "candidate", None if base_fails else not cand_fails,
              reason if cand_fails else f"builds with {' '.join(v.compiler_flags) or 'no flags'}")  # fmt: skip

@@ -15,13 +15,15 @@ UNSUPPORTED = (1, 2, 3)  # codes that say "this kernel does not take these argum
 
 
 class KernelFailure(Exception):
-    """The candidate failed in a way that ends the job; the message is the reason. `memory_fault`: it
+    """A kernel library failed in a way that ends the job; the message is the reason. `party`: whose
+    library, the candidate's or the baseline's (kernel hosts are named by role); `memory_fault`: it
     touched memory no buffer of its call covers (a segmentation fault, a CUDA illegal address);
     `group`: the check group it failed at, where the test step knows it."""
 
-    def __init__(self, message: str, memory_fault: bool = False) -> None:
+    def __init__(self, message: str, memory_fault: bool = False, party: str = "candidate") -> None:
         super().__init__(message)
         self.memory_fault = memory_fault
+        self.party = party
         self.group: str | None = None
 
 
@@ -55,12 +57,12 @@ class Kernel:
         try:
             self.lib = ctypes.CDLL(library, mode=os.RTLD_NOW | os.RTLD_LOCAL)
         except OSError as exc:
-            raise KernelFailure(f"cannot load the {role} library: {exc}") from None
+            raise KernelFailure(f"cannot load the {role} library: {exc}", party=role) from None
         try:
             fn = getattr(self.lib, entry)
         except AttributeError:
             raise KernelFailure(
-                f"{role}: entry symbol {entry!r} is not exported (KOPT_EXPORT, extern \"C\"?)"
+                f"{role}: entry symbol {entry!r} is not exported (KOPT_EXPORT, extern \"C\"?)", party=role
             ) from None
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.POINTER(KoptTensor), ctypes.c_int32, ctypes.c_void_p]

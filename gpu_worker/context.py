@@ -109,14 +109,14 @@ class Context:
             try:
                 self.stream.synchronize()
             except RuntimeError as exc:
-                raise KernelFailure(f"{who}: {cuda_error(exc)}") from None
+                raise KernelFailure(f"{who}: {cuda_error(exc)}", party=who) from None
 
     def sync_device(self, who: str = "candidate") -> None:
         if self.cuda:
             try:
                 torch.cuda.synchronize(self.device)
             except RuntimeError as exc:
-                raise KernelFailure(f"{who}: {cuda_error(exc)}") from None
+                raise KernelFailure(f"{who}: {cuda_error(exc)}", party=who) from None
 
     def call(self, kernel: RemoteKernel, packed: Packed) -> int:
         """One synchronous call (the host waits for its stream before it answers)."""

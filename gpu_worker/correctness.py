@@ -119,6 +119,7 @@ def run_test(ctx: Context) -> TestResult:
     return TestResult(
         candidate_id=job.candidate_id, correct=reason is None, reason=reason, checks=checks,
         variant_checks=variant_checks, device=ctx.device_name, notes=list(ctx.notes),
+        failed_party="candidate" if reason is not None and checks else None,
     )  # fmt: skip
 
 

@@ -152,6 +152,12 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exc()
             reason = f"{type(exc).__name__}: {exc}{where}"
         result = failed(job, reason)
+        if isinstance(exc, KernelFailure):
+            result.failed_party = exc.party
+        elif isinstance(exc, PackageFault):
+            result.failed_party = "package"
+        elif reason.startswith("candidate: "):
+            result.failed_party = "candidate"
         if isinstance(exc, KernelFailure) and exc.memory_fault and job.mode == "test":
             result.fault_group = exc.group
     result.seconds = time.monotonic() - start

@@ -143,7 +143,7 @@ class Rotation:
         rc = self.kernel(self.slots[self.cur].packed, stream)
         self.writers[self.cur] = self.kernel.role
         if rc != 0:
-            raise KernelFailure(f"{self.kernel.role}: {error_message(rc)} during timing")
+            raise KernelFailure(f"{self.kernel.role}: {error_message(rc)} during timing", party=self.kernel.role)
 
     def warm_call(self) -> None:
         self.before()
@@ -225,7 +225,7 @@ def _run_profile(ctx: Context, copy_bw: float) -> ProfileResult:
             try:
                 cand, base = time_shape(ctx, shape, dtype, cold, monitor)
             except KernelFailure as exc:
-                result.ok, result.reason = False, f"{shape.label} {dtype}: {exc}"
+                result.ok, result.reason, result.failed_party = False, f"{shape.label} {dtype}: {exc}", exc.party
                 return result
             nbytes = expr.evaluate(job.spec.model.bytes, {**shape.dims, "elem": ELEMENT_SIZE[dtype]})
             st = cand.stats
@@ -241,7 +241,7 @@ def _run_profile(ctx: Context, copy_bw: float) -> ProfileResult:
                 timing_.flags.append(f"{st.dropped} samples dropped: the GPU reported a thermal/power slowdown")
             if gbs > peak:
                 result.timings.append(timing_)
-                result.ok = False
+                result.ok, result.failed_party = False, "candidate"
                 result.reason = (
                     f"{shape.label} {dtype}: measurement fault: {st.median_us:.3g} us implies {gbs:.0f} GB/s, above "
                     f"{peak_what} ({peak:.0f} GB/s); the kernel skips work or its work escaped the timing"
@@ -343,7 +343,7 @@ def time_shape(
         ctx.sync(rot.kernel.role)
         msg = rot.check(rot.cur, tol)
         if msg:
-            raise KernelFailure(recheck_failure(ctx, rot, msg))
+            raise KernelFailure(recheck_failure(ctx, rot, msg), party=rot.kernel.role)
 
     def sampled() -> list[timing.Stats]:
         out = timing.sample(measures, cap, monitor if ctx.cuda else None, after_block)
@@ -363,7 +363,7 @@ def time_shape(
         else:
             msg = next((m for k in range(len(rot.slots)) if (m := rot.final_check(k, tol))), None)
         if msg:
-            raise KernelFailure(recheck_failure(ctx, rot, msg))
+            raise KernelFailure(recheck_failure(ctx, rot, msg), party=rot.kernel.role)
     if ctx.cuda:
         cand = rotations[-1]
         median_s = max(results[-1].median_us, 0.5) * 1e-6

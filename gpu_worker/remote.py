@@ -384,7 +384,7 @@ class Hosts:
             if host.cuda and host.tasks() > host.threads:
                 host.close()
                 raise KernelFailure(f"{host.role}: started a thread during a call (code outside the calls that "
-                                    "are checked and timed)")  # fmt: skip
+                                    "are checked and timed)", party=host.role)  # fmt: skip
         for host in self.members:
             b, a = before.get(host.serial), after.get(host.serial)
             if a is None or b is None:
@@ -485,7 +485,7 @@ class Hosts:
     def reject(kernel: RemoteKernel, why: str) -> None:
         """Close the host and fail it for `why`."""
         kernel.close()
-        raise KernelFailure(why)
+        raise KernelFailure(why, party=kernel.role)
 
 
 def trimmed_mean(xs: list[float], trim: float = CLOCK_TRIM) -> float:
@@ -566,11 +566,12 @@ class RemoteKernel:
             first = self.sock.recv(4096)
         except TimeoutError:
             self.close()
-            raise KernelFailure(f"{self.role}: its library did not finish loading in {LOAD_TIMEOUT_S:g} s") from None
+            raise KernelFailure(f"{self.role}: its library did not finish loading in {LOAD_TIMEOUT_S:g} s",
+                                party=self.role) from None
         self.sock.settimeout(None)
         if first.startswith(Hello.ERROR):
             self.close()
-            raise KernelFailure(first[1:].decode(errors="replace"))
+            raise KernelFailure(first[1:].decode(errors="replace"), party=self.role)
         if first != Hello.READY:
             raise self._death()
         self.threads = self.tasks()
@@ -585,20 +586,21 @@ class RemoteKernel:
             rc = self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.close()
-            return KernelFailure(f"{who}the kernel process closed its connection to the judge")
+            return KernelFailure(f"{who}the kernel process closed its connection to the judge", party=self.role)
         if rc == -signal.SIGSYS:
-            return KernelFailure(f"{who}killed by the sandbox: {KILLED_REASON}")
+            return KernelFailure(f"{who}killed by the sandbox: {KILLED_REASON}", party=self.role)
         if rc == -signal.SIGXFSZ:
-            return KernelFailure(f"{who}killed: wrote more than {FSIZE_LIMIT >> 20} MiB to stdout/stderr")
+            return KernelFailure(f"{who}killed: wrote more than {FSIZE_LIMIT >> 20} MiB to stdout/stderr",
+                                 party=self.role)
         if rc < 0:
             try:
                 name = signal.Signals(-rc).name
             except ValueError:
                 name = f"signal {-rc}"
             fault = -rc in (signal.SIGSEGV, signal.SIGBUS) and self.role == "candidate"
-            return KernelFailure(f"{who}crashed: {name}", memory_fault=fault)
+            return KernelFailure(f"{who}crashed: {name}", memory_fault=fault, party=self.role)
         return KernelFailure(f"{who}kernel process exited with code {rc} without answering (does the kernel call "
-                             "exit()?)")  # fmt: skip
+                             "exit()?)", party=self.role)  # fmt: skip
 
     def _send(self, data: bytes) -> None:
         try:
@@ -618,7 +620,7 @@ class RemoteKernel:
         if len(msg) != REPLY.size:
             if msg:
                 self.close()
-                raise KernelFailure(f"{self.role}: broke the kernel host's protocol during a call")
+                raise KernelFailure(f"{self.role}: broke the kernel host's protocol during a call", party=self.role)
             raise self._death()
         rc, ns, status = REPLY.unpack(msg)
         if status:
@@ -629,7 +631,8 @@ class RemoteKernel:
             self.close()  # its context is broken: the judge's own context is not
             raise KernelFailure(f"{self.role}: CUDA error after the kernel call: "
                                 f"{error_name(status) or 'an unknown CUDA error'}",
-                                memory_fault=status == CUDA_ERROR_ILLEGAL_ADDRESS and self.role == "candidate")
+                                memory_fault=status == CUDA_ERROR_ILLEGAL_ADDRESS and self.role == "candidate",
+                                party=self.role)
         return rc, ns
 
     def _register(self, packed: Packed) -> int:
@@ -670,7 +673,7 @@ class RemoteKernel:
         if self.last_ns > self.last_rt_ns:
             self.close()
             raise KernelFailure(f"{self.role}: the kernel process reported a call of {self.last_ns} ns that the judge "
-                                f"timed at {self.last_rt_ns} ns (a forged clock)")  # fmt: skip
+                                f"timed at {self.last_rt_ns} ns (a forged clock)", party=self.role)  # fmt: skip
         return rc
 
     def __call__(self, packed: Packed, stream: int | None = None) -> int:
@@ -683,7 +686,7 @@ class RemoteKernel:
         self._send(Op.CAPTURE + CALL.pack(len(ids)) + struct.pack(f"<{len(ids)}I", *ids))
         rc, graph = self._reply(fatal=False)
         if rc:
-            raise KernelFailure(f"{self.role}: {error_message(rc)} during graph capture")
+            raise KernelFailure(f"{self.role}: {error_message(rc)} during graph capture", party=self.role)
         return graph
 
     def replay(self, graph: int) -> None:

@@ -72,6 +72,7 @@ async def run_test(
         return TestResult(
             candidate_id=req.candidate_id, correct=False, reason=f"static check: {violations[0]}",
             static_violations=violations, notes=notes, device=_device(req.target), seconds=time.monotonic() - start,
+            failed_party="candidate",
         )  # fmt: skip
     job = _job("test", req, library, package_dir, spec, baseline, resume)
     result: TestResult = await _run(job, req.timeout_s, heartbeat, on_partial=on_partial)  # type: ignore[assignment]
@@ -84,7 +85,7 @@ async def run_test(
         ok, summary = await sanitizer.run(_job("test", req, library, package_dir, spec, None), req, heartbeat)
         result.sanitizer = summary
         if ok is False:
-            result.correct, result.reason = False, summary
+            result.correct, result.reason, result.failed_party = False, summary, "candidate"
     result.seconds = time.monotonic() - start
     return result
 

@@ -305,6 +305,10 @@ class CompileResult(BaseModel):
 # ---------------------------------------------------------------- execution (test, profile)
 
 TimingMode = Literal["auto", "cold", "graph"]
+# Whose code a failed test or profile step failed in: the candidate's library, the baseline's (loaded
+# beside it for calibration and the A/B) or the package's own reference.py. Not set where the harness
+# itself failed (a Python error, a timeout) or the step passed.
+FailedParty = Literal["candidate", "baseline", "package"]
 
 
 class ExecRequest(BaseModel):
@@ -373,6 +377,7 @@ class TestResult(BaseModel):
     # The check group at which a candidate call faulted on memory (CPU: SIGSEGV or SIGBUS; CUDA: an
     # illegal address): the runner then names the argument it went through (gpu_worker/runner.py).
     fault_group: str | None = None
+    failed_party: FailedParty | None = None  # whose code failed, where the harness knows it
 
 
 class ShapeTiming(BaseModel):
@@ -457,6 +462,7 @@ class ProfileResult(BaseModel):
     flags: list[str] = Field(default_factory=list)  # results that deserve a second look
     notes: list[str] = Field(default_factory=list)
     reused_from: str | None = None  # the candidate these library bytes were timed as earlier in the run
+    failed_party: FailedParty | None = None  # whose code failed, where the harness knows it
 
 
 # ---------------------------------------------------------------- workflow

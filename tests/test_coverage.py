@@ -273,7 +273,7 @@ def test_a_failing_make_inputs_is_the_packages_error_and_verify_exits_4(tmp_path
     req = ExecRequest(package=PackageRef(spec=spec, files=NO_ARTIFACT, baseline_sources={}), target="cpu",
                       candidate_id="c", library=NO_ARTIFACT, shapes=spec.shapes["cpu"].test, dtypes=["float32"])
     result = asyncio.run(runner.run_test(req, libs["k"], pkg, spec, baseline=libs["k"]))
-    assert not result.correct
+    assert not result.correct and result.failed_party == "package"
     assert result.reason.startswith(f"package error: {pkg}/reference.py: make_inputs() failed at N=17 float32: "
                                     "IndexError: index 99 is out of bounds"), result.reason  # fmt: skip
     out = io.StringIO()
@@ -336,6 +336,7 @@ def test_a_device_side_assert_in_make_inputs_is_the_packages_error(tmp_path, cud
     result = asyncio.run(runner.run_harness("test", req, cuda_baselines["silu_and_mul"], pkg, spec,
                                             baseline=cuda_baselines["silu_and_mul"]))  # fmt: skip
     assert not result.correct and result.reason.startswith("package error: "), result.reason
+    assert result.failed_party == "package"
     assert "reference.py: make_inputs() failed at T=3,D=13 float16" in result.reason, result.reason
 
 

@@ -53,7 +53,7 @@ def test_static_violations_and_compile_errors_are_rejections(tmp_path):
     code, out, _ = run(TESTS / "fixtures" / "wrong" / "exits.cpp")
     assert code == exits.FAILED
     verdict = json.loads(out)
-    assert verdict["reason"].startswith("static check: ") and verdict["static_violations"]
+    assert verdict["reason"].startswith("wrong result: static check: ") and verdict["static_violations"]
     broken = tmp_path / "broken.cpp"
     broken.write_text("this is not C++\n")
     code, out, _ = run(broken)

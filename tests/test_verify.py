@@ -135,6 +135,17 @@ def test_a_broken_baseline_is_infrastructure_not_the_candidates_fault(tmp_path):
     assert by["build/baseline"].find("error") is not None and by["build/candidate"].find("skipped") is not None
 
 
+def test_a_baseline_that_crashes_in_its_calls_is_infrastructure_too(tmp_path):
+    """The harness names whose library failed (TestResult.failed_party), not a prefix of its reason:
+    a baseline that compiles but crashes when called fails the gate as infrastructure (exit 4), and the
+    candidate's build still passes."""
+    crashes = REPO / "tests" / "fixtures" / "wrong" / "segfault.cpp"
+    code, out, junit, js = gate(tmp_path, SCALE2 / "kernel.cpp", baseline=crashes)
+    assert code == exits.INFRA and "the baseline itself fails: wrong result: baseline: crashed: SIGSEGV" in out, out
+    suite, by = cases(junit)
+    assert by["build/baseline"].find("system-out") is not None and by["build/candidate"].find("system-out") is not None
+
+
 def test_bad_input_exits_2_in_one_line_through_the_cli(tmp_path):
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "kopt", "verify", str(SCALE2), *args], cwd=REPO,

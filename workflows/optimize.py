@@ -64,7 +64,6 @@ with workflow.unsafe.imports_passed_through():
         RoundRecord,
         RoundStatus,
         Shape,
-        TestResult,
     )
     from kopt.package import PackageError
     from kopt.plan_history import compact_history
@@ -82,7 +81,7 @@ with workflow.unsafe.imports_passed_through():
         Usage,
     )
     from kopt.search_attributes import BEST_KEY, KERNEL_KEY, ROUND_KEY
-    from workflows import rules
+    from workflows import judging, rules
     from workflows.patches import (ACTIVITY_IDS_PATCH, COMPACT_HISTORY_PATCH, HOLDOUT_PATCH, LLM_FAULTS_PATCH,
                                    NOISE_FLOOR_PATCH, SHAPE_GUARD_PATCH, SPECIALIZE_PATCH)  # fmt: skip
     from workflows.rules import Stop, StopKind, geomean, significant, speedups
@@ -681,9 +680,6 @@ class OptimizeKernel:
         compiled = await COMPILE.execute(
             CompileRequest(package=req.package, target=req.target, toolchain=req.toolchain, candidate=cand),
             **self._options(COMPILE, req, at))
-        outcome.compile = compiled
-        if not compiled.ok or compiled.library is None:
-            return outcome
         shapes = req.package.spec.shapes[req.target]
 
         async def run_exec(defn: ActivityDef, shape_list: list[Shape]):
@@ -697,10 +693,10 @@ class OptimizeKernel:
             self._usage.device_seconds += result.seconds
             return result
 
-        tested: TestResult = await run_exec(TEST, [*shapes.test, *extra_shapes])
-        outcome.test, outcome.correct = tested, tested.correct
-        if tested.correct:
-            outcome.profile = await run_exec(PROFILE, req.workload or shapes.bench)
+        judged = await judging.judge(compiled, lambda: run_exec(TEST, [*shapes.test, *extra_shapes]),
+                                     lambda: run_exec(PROFILE, req.workload or shapes.bench))  # fmt: skip
+        outcome.compile, outcome.test, outcome.profile = judged.compiled, judged.tested, judged.profiled
+        outcome.correct = judged.tested is not None and judged.tested.correct
         return outcome
 
 
@@ -728,17 +724,9 @@ def _calls_in(err: ApplicationError) -> list[LLMCall]:
 
 
 def _judged(outcome: CandidateOutcome) -> tuple[RoundStatus, str | None]:
-    """What became of a judged candidate: its status word and, where it failed, the reason (the
-    status word, a colon, the detail)."""
-    if outcome.compile is not None and not outcome.compile.ok:
-        lines = outcome.compile.log_tail.strip().splitlines()
-        errors = [line for line in lines if "error" in line.lower()]
-        return "compile error", "compile error: " + ((errors or lines or ["no compiler output"])[0]).strip()
-    if outcome.test is not None and not outcome.test.correct:
-        return "wrong result", f"wrong result: {outcome.test.reason}"
-    if outcome.profile is not None and not outcome.profile.ok:
-        return "profile failed", f"profile failed: {outcome.profile.reason}"
-    return ("measured" if outcome.speedup_geomean is not None else "profile failed"), None
+    """What became of a judged candidate: its status word and, where it failed, the reason
+    (workflows/judging.py)."""
+    return judging.outcome(outcome.compile, outcome.test, outcome.profile, outcome.speedup_geomean is not None)
 
 
 def _failure(outcome: CandidateOutcome) -> str | None:

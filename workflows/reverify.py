@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
         slower_beyond,
     )
     from kopt.run_models import ClassVerdict, ReverifyRequest, ReverifyResult
+    from workflows import judging
 
 from workflows.patches import NOISE_FLOOR_PATCH  # the same rule and patch as OptimizeKernel's shape guard
 
@@ -34,10 +35,10 @@ class ReverifyBest:
         base, best = await asyncio.gather(self._compile(req, req.baseline), self._compile(req, req.best))
         classes = req.gpu_classes if req.target == "cuda" else [None]
         if not base.ok or base.library is None:
-            why = f"the baseline does not compile: {base.log_tail.strip()[-200:]}"
+            why = f"the baseline does not compile: {judging.compile_error(base.log_tail)}"
             verdicts = [ClassVerdict(gpu_class=c, correct=False, reason=why) for c in classes]
         elif not best.ok or best.library is None:
-            why = f"the best does not compile: {best.log_tail.strip()[-200:]}"
+            why = f"the best does not compile: {judging.compile_error(best.log_tail)}"
             verdicts = [ClassVerdict(gpu_class=c, correct=False, reason=why) for c in classes]
         else:
             floored = workflow.patched(NOISE_FLOOR_PATCH)
@@ -62,12 +63,13 @@ class ReverifyBest:
                                source=req.best.source, baseline_library=base.library,
                                baseline_id=req.baseline.id)  # fmt: skip
 
-        tested = await TEST.execute(request(shapes.test), **self._options(TEST, req, gpu_class))
-        if not tested.correct:
-            return ClassVerdict(gpu_class=gpu_class, correct=False, reason=tested.reason)
-        profiled = await PROFILE.execute(request(shapes.bench), **self._options(PROFILE, req, gpu_class))
-        if not profiled.ok or profiled.ab is None:
-            return ClassVerdict(gpu_class=gpu_class, correct=False, reason=f"profile failed: {profiled.reason}")
+        judged = await judging.judge(
+            best, lambda: TEST.execute(request(shapes.test), **self._options(TEST, req, gpu_class)),
+            lambda: PROFILE.execute(request(shapes.bench), **self._options(PROFILE, req, gpu_class)))  # fmt: skip
+        profiled = judged.profiled
+        if profiled is None or not profiled.ok or profiled.ab is None:
+            why = judged.failure() or "profile failed: no A/B against the baseline"
+            return ClassVerdict(gpu_class=gpu_class, correct=False, reason=why)
         floor = profiled.ab.noise_floor if floored else 0.0
         slow = [f"{a.shape} {a.dtype}" for a in profiled.ab.per_shape if slower_beyond(a.ci_high, noise_floor=floor)]
         return ClassVerdict(gpu_class=gpu_class, correct=True, speedup_geomean=profiled.ab.speedup_geomean,
