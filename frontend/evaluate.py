@@ -121,21 +121,20 @@ async def judge(kernel_dir: Path, spec: KernelSpec, target: str, tc: Toolchain, 
                 large_shapes=kind == "test",
             )  # fmt: skip
 
-        async def test() -> TestResult:
-            progress("testing against the reference (baseline loaded for calibration)")
-            tested = await runner.run_test(request("test"), cand_lib, kernel_dir, spec, baseline=base_lib)
-            verdict.seconds["test"] = round(tested.seconds, 3)
-            _take_test(verdict, tested)
-            return tested
+        async def step(name: str, shapes_kind: str, what: str, run, take):
+            progress(what)
+            result = await run(request(shapes_kind), cand_lib, kernel_dir, spec, baseline=base_lib)
+            verdict.seconds[name] = round(result.seconds, 3)
+            take(verdict, result)
+            return result
 
-        async def profile() -> ProfileResult:
-            progress("profiling, interleaved with the baseline (A/B)")
-            profiled = await runner.run_profile(request("bench"), cand_lib, kernel_dir, spec, baseline=base_lib)
-            verdict.seconds["profile"] = round(profiled.seconds, 3)
-            _take_profile(verdict, profiled)
-            return profiled
-
-        steps = await judging.judge(compiled, test, profile)
+        steps = await judging.judge(
+            compiled,
+            lambda: step("test", "test", "testing against the reference (baseline loaded for calibration)",
+                         runner.run_test, _take_test),
+            lambda: step("profile", "bench", "profiling, interleaved with the baseline (A/B)", runner.run_profile,
+                         _take_profile),
+        )  # fmt: skip
     verdict.reason = steps.failure()
     verdict.correct = verdict.reason is None
     return Judgement(verdict, steps, baseline_broken=steps.failed_party in ("baseline", "package"))
