@@ -27,6 +27,7 @@ from kopt.settings import Settings
 log = structlog.get_logger("kopt")
 
 TARGETS = ("cpu", "cuda")
+WITHOUT_HOME = ("evaluate", "verify", "workload")  # commands that neither start nor read a server
 OVERLAPS = ("skip", "buffer_one", "buffer_all", "cancel_other", "terminate_other", "allow_all")
 
 
@@ -38,6 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"kopt: error: {setting_error(exc)}", file=sys.stderr)
         return exits.USAGE
+    if args.command not in WITHOUT_HOME:
+        try:
+            settings.home.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"kopt: error: KOPT_HOME={str(settings.home)!r}: cannot create it: {exc.strerror}", file=sys.stderr)
+            return exits.USAGE
     following = args.command in ("optimize", "resume")
     logs.configure(settings.log_format, "warning" if following else settings.log_level)
     if following:  # an agent attempt that failed is in the run's events and history: no traceback here
@@ -84,7 +91,8 @@ def setting_error(exc: ValidationError) -> str:
     first = exc.errors()[0]
     name = "KOPT_" + "_".join(str(p) for p in first["loc"]).upper()
     value = os.environ.get(name)
-    return f"{name}={value!r}: {first['msg']}" if value is not None else f"{name}: {first['msg']}"
+    msg = first["msg"].removeprefix("Value error, ")
+    return f"{name}={value!r}: {msg}" if value is not None else f"{name}: {msg}"
 
 
 def _terminate_like_interrupt() -> list[int]:

@@ -227,3 +227,30 @@ def test_server_ports_are_chosen_below_the_kernels_ephemeral_range(temporal_serv
     args = temporal_server.process.args
     ports = [int(args[args.index(flag) + 1]) for flag in ("--port", "--ui-port", "--http-port", "--metrics-port")]
     assert all(p < low for p in ports) and len(set(ports)) == 4, ports
+
+
+@pytest.mark.parametrize("name, value, says", [
+    ("KOPT_SERVER_PORT", "99999", "less than or equal to 65535"),
+    ("KOPT_UI_PORT", "-5", "greater than or equal to 0"),
+    ("KOPT_LOG_LEVEL", "loud", "'debug', 'info', 'warning', 'error' or 'critical'"),
+    ("KOPT_LOG_FORMAT", "xml", "'auto', 'console' or 'json'"),
+    ("KOPT_SANDBOX", "maybe", "'on' or 'off'"),
+    ("KOPT_SANDBOX", "off", "only with KOPT_ALLOW_UNSANDBOXED=1"),
+    ("KOPT_TEMPORAL_ADDRESS", "not an address", "expected HOST:PORT"),
+    ("KOPT_TEMPORAL_ADDRESS", "host:99999", "expected HOST:PORT"),
+    ("KOPT_HOME", "/proc/nope", "cannot create it"),
+])  # fmt: skip
+def test_every_setting_that_cannot_work_exits_2_in_one_line_before_anything_starts(tmp_path, monkeypatch, capsys,
+                                                                                  name, value, says):
+    """Settings outside the exit-2 promise once ended in a traceback (a port out of range, a home that
+    cannot exist), a 10 s connection attempt (a malformed address) or silence (an unknown log level or
+    sandbox mode, the sandbox off without its escape hatch)."""
+    from frontend.cli import main
+
+    monkeypatch.setenv("KOPT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("KOPT_ALLOW_UNSANDBOXED", raising=False)
+    monkeypatch.setenv(name, value)
+    assert main(["runs"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kopt: error: {name}=") and says in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "home" / "temporal.db").exists()
