@@ -20,6 +20,7 @@ from temporalio.common import (
 from temporalio.service import RPCError
 
 from containment import build
+from frontend import exits
 from frontend.inputs import package_and_toolchain
 from frontend.report import build_report, write_report
 from kopt import queues
@@ -167,11 +168,14 @@ async def resume_point(client, settings: Settings, run: str, serve: bool = False
 
 
 async def run_optimization(req: OptimizeRequest | None, kernel_dir: Path | None, report_dir: Path | None,
-                           settings: Settings, out=sys.stdout, resume: str | None = None, rerun: bool = False) -> int:
+                           settings: Settings, out=sys.stdout, resume: str | None = None, rerun: bool = False,
+                           finished: dict[str, int] | None = None) -> int:
     """Start (or attach to) a run and follow it to its report; `resume`: instead, continue that run
     from its last finished round in a new run (kopt resume), paid LLM replies reused. The same
     request again: attaches while the run is live, says how it ended once it has (`rerun`: starts a
-    fresh run under a new id instead)."""
+    fresh run under a new id instead). `finished["code"]` is set to the command's exit code once the
+    run's report is written: a signal after that (while workers and server shut down) keeps it."""
+    finished = {} if finished is None else finished
     from frontend.client import connect
     from frontend.server import attach_home
     from frontend.workers import running_workers
@@ -236,6 +240,7 @@ async def run_optimization(req: OptimizeRequest | None, kernel_dir: Path | None,
             say(f"held-out shapes {'; '.join(h.shapes)}: {shown}" + (" -- OVERFIT (report: Held-out shapes)"
                                                                        if h.overfit else ""))
         say(f"report: {target_dir / 'report.json'} and report.md")
+        finished["code"] = exits.FAILED if result.llm_stopped else exits.OK
         if result.llm_stopped:  # the report holds the best so far; the reason needs a person
             raise RunFailed(f"run {wf_id} stopped early: {result.stop_reason}")
     return 0

@@ -254,3 +254,27 @@ def test_every_setting_that_cannot_work_exits_2_in_one_line_before_anything_star
     err = capsys.readouterr().err
     assert err.startswith(f"kopt: error: {name}=") and says in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "home" / "temporal.db").exists()
+
+
+def test_a_signal_after_the_report_keeps_the_runs_exit_code(tmp_path, monkeypatch, capsys):
+    """SIGINT that arrived after "report: ..." was printed (while workers and the server shut down) said
+    "interrupted; the run is durable" and exited 130: the run had ended, and a CI job saw a failure.
+    A signal before the report still exits 128+N."""
+    import frontend.runs
+    from frontend.cli import main
+
+    monkeypatch.setenv("KOPT_HOME", str(tmp_path / "home"))
+    for written in (True, False):
+
+        async def interrupted(*args, finished=None, **kwargs):
+            if written:
+                finished["code"] = 0  # what run_optimization sets once the report is written
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(frontend.runs, "run_optimization", interrupted)
+        code = main(["optimize", str(SILU), "--target", "cpu", "--rounds", "1"])
+        err = capsys.readouterr().err
+        if written:
+            assert code == 0 and "after the run ended" in err, err
+        else:
+            assert code == 130 and "the run is durable" in err, err
