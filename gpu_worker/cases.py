@@ -85,18 +85,29 @@ class Buffer:
     as the arena says for argument `name` (remote.Placement): fenced (the view's end within
     GUARD_BYTES of unmapped memory, as close as a 256-byte aligned start allows), plain (a guard zone
     after it too) or roomy (poison on each side as large as the view, and ROOM_BYTES at least).
-    Layouts (plan.LAYOUTS): `row_pad` elements after every row; `offset` elements between the aligned
-    start and the view (a view with a storage offset: its base is not 16-byte aligned); `transposed`
-    (2-D only): the storage holds the transpose, so the view's inner stride is its row count."""
+    Layouts (plan.LAYOUTS): `row_pad` elements after every row; in 3-D and more `plane_pad` spare rows
+    after every plane (a slice of a larger tensor, e.g. some heads of [T, heads, D]: its outer stride is
+    not the product of the inner ones); `offset` elements between the aligned start and the view (a view
+    with a storage offset: its base is not 16-byte aligned); `transposed`: in 2-D the storage holds the
+    transpose, so the view's inner stride is its row count; in 3-D the first two dimensions are swapped
+    in storage ([heads, T, D] seen as [T, heads, D]), the inner stride stays 1."""
 
     def __init__(self, shape: list[int], dtype: torch.dtype, device: str, row_pad: int = 0, guards: bool = True,
-                 pool: str = "shared", name: str = "", offset: int = 0, transposed: bool = False):  # fmt: skip
+                 pool: str = "shared", name: str = "", offset: int = 0, transposed: bool = False,
+                 plane_pad: int = 0):  # fmt: skip
         size = torch.empty((), dtype=dtype).element_size()
         unit = GUARD_BYTES // size  # elements in one alignment unit
         g = unit if guards else 0
         row_pad = row_pad if len(shape) >= 2 else 0
-        transposed = transposed and len(shape) == 2 and not row_pad
-        phys = [shape[1], shape[0]] if transposed else [*shape[:-1], shape[-1] + row_pad] if row_pad else list(shape)
+        plane_pad = plane_pad if len(shape) >= 3 else 0
+        transposed = transposed and len(shape) in (2, 3) and not row_pad
+        padded = bool(row_pad or plane_pad)
+        if transposed:
+            phys = [shape[1], shape[0], *shape[2:]]
+        elif padded:  # the last dimension padded by row_pad, the middle ones by plane_pad
+            phys = [shape[0], *(s + plane_pad for s in shape[1:-1]), shape[-1] + row_pad]
+        else:
+            phys = list(shape)
         n = math.prod(phys)
         shared = ARENA is not None and ARENA.target == device  # with the kernel hosts (remote.py)
         self.placement = ARENA.placement(name, (offset + n) * size, pool) if shared else "plain"
@@ -112,11 +123,12 @@ class Buffer:
         poison(self.storage)
         start = lead + offset
         inner = self.storage[start : start + n].view(phys)
-        self.view = inner.t() if transposed else inner[..., : shape[-1]] if row_pad else inner
+        within = tuple(slice(0, s) for s in shape)
+        self.view = inner.transpose(0, 1) if transposed else inner[within] if padded else inner
         self.outside: torch.Tensor | None = None
-        if lead or tail or row_pad or offset:
+        if lead or tail or padded or offset:
             self.outside = torch.ones(self.storage.shape, dtype=torch.bool, device=device)
-            self.outside[start : start + n].view(phys)[..., : phys[-1] - row_pad] = False
+            self.outside[start : start + n].view(phys)[within if padded else ...] = False
 
     def damage(self) -> int:
         """Elements outside the view whose poison was overwritten (out-of-bounds writes)."""
@@ -209,6 +221,12 @@ LAYOUT_PADS = (0, 1, 2)
 LAYOUT_OFFSETS = (1, 3, 2)
 
 
+def plane_pad(cs: CaseSpec) -> int:
+    """Spare rows per plane of a 3-D argument: one wherever rows are padded, and in the mixed layout
+    for every argument (a dense-rowed slice of a wider tensor among them)."""
+    return 1 if cs.row_pad or cs.layout == "mixed" else 0
+
+
 def layout_pad(cs: CaseSpec, index: int) -> int:
     """The row padding of argument `index` in a case: the case's own, or the mixed layout's."""
     if cs.layout == "mixed":
@@ -231,7 +249,7 @@ class Case:
         self.buffers = {
             a.name: Buffer(shapes[a.name], dtype_of(a, cs.dtype), device, layout_pad(cs, i), guards, pool, a.name,
                            offset=LAYOUT_OFFSETS[i % len(LAYOUT_OFFSETS)] if cs.layout == "offset" else 0,
-                           transposed=cs.layout == "transposed")
+                           transposed=cs.layout == "transposed", plane_pad=plane_pad(cs))
             for i, a in enumerate(args)
         }  # fmt: skip
         self.tensors = {name: b.view for name, b in self.buffers.items()}

@@ -38,9 +38,11 @@ class GroupOutcome:
 
 
 def special_differs(ctx: Context, dtype: str) -> bool:
-    """Whether make_inputs(special=True) plants anything: at the job's smallest shape, its inputs
-    differ from the same seed's without it (bit for bit, NaN included)."""
-    shape = min(ctx.job.shapes, key=lambda s: math.prod(s.dims.values()))
+    """Whether make_inputs(special=True) plants anything: at the shape the planted inputs go to (the
+    job's smallest, a row or two, had nothing to plant in), its inputs differ from the same seed's
+    without it (bit for bit, NaN included)."""
+    shape = plan.planted_shape(ctx.job.spec, ctx.job.shapes, ctx.job.target) or \
+        min(ctx.job.shapes, key=lambda s: math.prod(s.dims.values()))
     dims = tuple(shape.dims.items())
     try:
         plain, marked = (generate(ctx.ref, ctx.job.spec.arguments, plan.CaseSpec(dims, dtype, special=flag), 1,

@@ -34,7 +34,10 @@ FUZZ_BUDGET = {"cpu": 1 << 18, "cuda": 1 << 24}
 # size (a last row dropped once T*D passes 2^22, red team 2026-11-26) passed every shape under the fuzz
 # budget. Far below the ranges' ends (T 65536 x D 32768), but at the sizes of real prefill batches.
 LARGE_BUDGET = {"cpu": 1 << 24, "cuda": 1 << 28}
+ALIGNED_BATCH = 256  # the batch of the aligned large shape grows in steps of this many rows,
+ALIGNED_MIN_BATCH = 1024  # from this many (a prefill of a thousand tokens)
 TALL = 2048  # a tall batch: more rows than one wave of blocks covers on any GPU
+TP_DEGREES = (2, 4, 8)  # tensor-parallel degrees: a declared size divided by one is a shard's size
 # The batch sizes vLLM and SGLang capture CUDA graphs for (a decode batch is padded up to one of them).
 GRAPH_BATCHES = (1, 2, 4, *range(8, 513, 8))
 GRAPH_DRAWS = 3
@@ -152,25 +155,59 @@ def large_shape(spec: KernelSpec, target: str, seed: int, budget: int | None = N
             if value > dims[sym] and valid(spec, trial) and elements(spec, trial) <= budget:
                 dims = trial
                 break
-    if dims in (exclude or []) or not valid(spec, dims) or empty_range(spec, dims) is not None:
-        return []
-    return [dims]
+    out = [] if dims in (exclude or []) or not valid(spec, dims) or empty_range(spec, dims) is not None else [dims]
+    aligned = aligned_large_shape(spec, ranges, budget, rng)
+    if aligned is not None and aligned not in out and aligned not in (exclude or []):
+        out.append(aligned)
+    return out
+
+
+def aligned_large_shape(spec: KernelSpec, ranges: dict[str, tuple[int, int]], budget: int,
+                        rng: random.Random) -> dict[str, int] | None:  # fmt: skip
+    """A large shape as a served model makes it, tall and wide at once: each symbol kernel.toml [sizes]
+    lists at one of its sizes (seeded, among the larger half of those that leave room for a batch of
+    ALIGNED_MIN_BATCH, multiples of ALIGNED_BATCH where there are such), the others (the batch) grown to fill the budget in multiples of ALIGNED_BATCH
+    (a kernel wrong only on an aligned prefill above some size: red team, 2026-11-26)."""
+    syms = list(ranges)
+    sized = [s for s in syms if spec.sizes.get(s)]
+    free = [s for s in syms if s not in sized]
+    if not sized or not free:
+        return None
+    dims = {s: min(max(ranges[s][0], ALIGNED_MIN_BATCH), ranges[s][1]) for s in free}
+    for s in sized:
+        fits = sorted(v for v in spec.sizes[s] if ranges[s][0] <= v <= ranges[s][1]
+                      and elements(spec, {**dims, **{o: 1 for o in sized}, s: v}) <= budget)  # fmt: skip
+        fits = [v for v in fits if v % ALIGNED_BATCH == 0] or fits  # aligned where the list has such sizes
+        if not fits:
+            return None
+        dims[s] = rng.choice(fits[len(fits) // 2:])
+    if not valid(spec, dims) or elements(spec, dims) > budget:
+        return None
+    for s in free:  # grow the batch in steps of ALIGNED_BATCH while it fits
+        per = max(elements(spec, {**dims, s: ALIGNED_BATCH}) - elements(spec, {**dims, s: 0}), 1) // ALIGNED_BATCH
+        room = (budget - elements(spec, dims)) // max(per, 1)
+        dims[s] = min(ranges[s][1] // ALIGNED_BATCH * ALIGNED_BATCH, dims[s] + room // ALIGNED_BATCH * ALIGNED_BATCH)
+    return dims if valid(spec, dims) and elements(spec, dims) <= budget else None
 
 
 def size_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None = None,
                 exclude: list[dict[str, int]] | None = None) -> list[dict[str, int]]:  # fmt: skip
     """Each declared size (kernel.toml [sizes]) of each symbol twice: the other symbols small (seeded),
-    then as large as half the budget allows; under the budget, none in `exclude`."""
+    then as large as half the budget allows; and each size a tensor-parallel shard of one (a declared
+    size divided by 2, 4 or 8: the width one GPU of a sharded model sees) once, the others small.
+    Under the budget, none in `exclude`."""
     budget, rng, syms, ranges, seen = _draw(spec, target, seed, budget, exclude)
     out: list[dict[str, int]] = []
     for s, values in spec.sizes.items():
-        for v in values:
+        shards = sorted({v // tp for v in values for tp in TP_DEGREES if v % tp == 0} - set(values))
+        shards = [v for v in shards if ranges[s][0] <= v <= ranges[s][1]]
+        for v in [*values, *shards]:
             small = {o: min(max(ranges[o][0], rng.choice(SMALL_PRIMES[:4])), ranges[o][1]) for o in syms if o != s}
             # ... and the others as tall as half the budget allows (a prefill batch at that width), from 9 up
             cap = max(1, budget // 2 // (elements(spec, {**{o: 1 for o in small}, s: v}) or 1))
             tall = {o: awkward(rng, min(max(ranges[o][0], 9, cap // 2), ranges[o][1]), ranges[o][1], cap=cap)
                     for o in small}  # fmt: skip
-            for others in (small, tall):
+            for others in (small, tall) if v in values else (small,):
                 dims = shrink(spec, {**others, s: v}, ranges, budget, s, rng, {})
                 if dims is not None and dims not in seen and empty_range(spec, dims) is None:
                     seen.append(dims)

@@ -28,16 +28,19 @@ ROW_PAD = 8  # elements of padding per row in the strided variant (keeps 16-byte
 # Layouts beyond "strided" (every argument's rows padded alike), as callers pass views: "mixed", each
 # argument's rows padded by another multiple of ROW_PAD (0, 1, 2 in turn: an input strided and the
 # residual dense); "offset", every base a few elements past an aligned address (a view with a storage
-# offset); "transposed", 2-D arguments whose inner stride is not 1 (a [T, NH] view of an [NH, T] tensor).
+# offset); "transposed", 2-D arguments whose inner stride is not 1 (a [T, NH] view of an [NH, T] tensor)
+# and 3-D ones whose first two dimensions are swapped in storage ([T, NH, D] of an [NH, T, D] tensor).
+# Padded 3-D arguments also get a spare row per plane (some heads of a wider tensor: cases.Buffer).
 # Each applies where the baseline takes it (a kernel that needs dense rows refuses, and it is skipped).
 LAYOUTS = ("mixed", "offset", "transposed")
 # Input classes the harness plants (gpu_worker/planted.py), each a variant group at one shape.
-PLANTED_KINDS = ("zeros", "repeated", "sparse", "constant", "leading-zeros", "huge", "tiny", "nonfinite",
-                 "ones", "same-as-other")
+PLANT_ROWS = 8  # rows a planted shape has at least, where a declared shape has them
+PLANTED_KINDS = ("zeros", "repeated", "sparse", "constant", "leading-zeros", "huge", "tiny", "magnitudes",
+                 "nonfinite", "ones", "same-as-other")
 # Variants that count only beside a baseline that passes them: a kernel's NaN and infinity handling is
 # the package's to choose (a -ffast-math baseline drops it); a candidate must keep what its baseline does.
 # Judged alone (the package's own kernel in an optimization's round 0), a failure there is a note.
-NEEDS_BASELINE = ("planted:nonfinite",)
+NEEDS_BASELINE = ("planted:nonfinite", "planted:magnitudes")  # magnitudes: outputs may overflow to inf
 # Outputs filled with something other than the NaN poison before the call, as a serving framework's
 # buffers are (torch.empty's leftovers, zeros): a kernel that does its work only on poisoned outputs, to
 # tell the harness from production, is wrong here.
@@ -171,11 +174,18 @@ def repeat_shape(spec: KernelSpec, declared: list[Shape]) -> Shape:
 
 
 def planted_shape(spec: KernelSpec, declared: list[Shape], target: str) -> Shape | None:
-    """Where planted inputs go: the largest declared shape under the edge budget (rows enough to
-    plant several kinds of row, cheap enough to plant all of them)."""
+    """Where planted inputs go: the declared shape under the edge budget whose plantable inputs have the
+    most rows, up to PLANT_ROWS, the largest of those (rows enough to plant several kinds of row: a
+    one-row decode shape, the largest of a package's held-out shapes, got nothing planted), cheap
+    enough to plant all of them."""
     budget = EDGE_BUDGET.get(target, EDGE_BUDGET["cuda"])
     fitting = [s for s in declared if valid(spec, s.dims) and elements(spec, s.dims) <= budget]
-    return max(fitting, key=lambda s: elements(spec, s.dims)) if fitting else None
+
+    def fewest_rows(shape: Shape) -> int:
+        dims = [[int(expr.evaluate(d, shape.dims)) for d in a.shape] for a in spec.arguments if plantable(a)]
+        return min((math.prod(d[:-1]) for d in dims if len(d) >= 2), default=0)
+
+    return max(fitting, key=lambda s: (min(fewest_rows(s), PLANT_ROWS), elements(spec, s.dims))) if fitting else None
 
 
 def test_plan(

@@ -21,6 +21,9 @@ from gpu_worker.plan import plantable
 from kopt.models import Argument
 
 SHARE = 4  # about 1 row in SHARE of every planted input gets the kind
+# "magnitudes": values up to this over sqrt(row width) (a quarter of the dtype's top at most), so a row's
+# sum of squares stays finite in float32; float16 reaches a quarter of its top (a gate of 16000).
+MAGNITUDE_TOP = 2.0**63
 
 
 def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed: int) -> None:
@@ -97,6 +100,12 @@ def _apply(kind: str, rows: torch.Tensor, picked: torch.Tensor, gen: torch.Gener
         else:  # around the smallest normal, some subnormal
             mag = info.tiny * torch.exp2(8 * torch.rand((len(picked), w), generator=gen) - 4)
         rows[picked] = sign * mag.double()
+    elif kind == "magnitudes":  # every binade, log-uniform from the smallest normal up to MAGNITUDE_TOP
+        info = torch.finfo(dtype)
+        sign = torch.where(torch.rand((len(picked), w), generator=gen) < 0.5, -1.0, 1.0).double()
+        lo, hi = math.log2(info.tiny), math.log2(min(info.max / 4, MAGNITUDE_TOP / max(w, 1) ** 0.5))
+        mag = torch.exp2(lo + (hi - lo) * torch.rand((len(picked), w), generator=gen).double())
+        rows[picked] = sign * mag
 
 
 def _same_as_other(name: str, names: list[str], inputs: dict[str, torch.Tensor], picked: torch.Tensor) -> None:

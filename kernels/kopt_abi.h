@@ -8,6 +8,9 @@
  * (data pointer, dtype, shape, strides in elements). `stream` is the cudaStream_t to launch on
  * (CUDA targets) or NULL (CPU targets). The kernel must do all its work on that stream, must not
  * create streams or threads, and returns 0 on success or a non-zero KOPT_ERR_* code.
+ * Arguments never overlap: an output shares no element with another argument (an `inout` argument is
+ * one buffer, read and written). Views may have any strides, a storage offset and padding between
+ * rows and planes; a kernel that does not take a layout returns KOPT_ERR_SHAPE.
  * No torch, no Python: the library is built by g++ or nvcc alone and loaded with ctypes.
  */
 #ifndef KOPT_ABI_H

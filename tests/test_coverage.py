@@ -108,6 +108,77 @@ def test_every_declared_size_is_tested_with_the_rest_small(name):
         assert all(plan.elements(spec, s) <= fuzz.FUZZ_BUDGET[target] for s in shapes)
 
 
+def test_every_tensor_parallel_shard_of_a_declared_size_is_tested_too():
+    """A kernel wrong only at the width one GPU of a sharded model sees (an intermediate size over 2, 4
+    or 8: 1792, 3584, 3696, 4736 ...; red team, 2026-11-26) met none of them: [sizes] lists whole models."""
+    spec = load_spec(KERNELS / "silu_and_mul")
+    widths = {s["D"] for s in fuzz.size_shapes(spec, "cpu", 5)}
+    shards = {v // tp for v in spec.sizes["D"] for tp in fuzz.TP_DEGREES if v % tp == 0}
+    assert {1792, 3584, 3696, 4736, 7168} <= shards and shards <= widths
+
+
+@pytest.mark.parametrize("name", ["silu_and_mul", "fused_add_rmsnorm"])
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_the_gates_also_run_an_aligned_prefill_tall_and_wide_at_once(name, target):
+    """The large shape is awkward (odd sizes) and the [sizes] shapes are wide or tall: a kernel wrong only
+    on an aligned prefill (T >= 1024, a model's width, T*H large; red team, 2026-11-26) met neither. The
+    second large shape: a declared size (a multiple of 256 where the list has them), the batch at 1024
+    rows at least, in steps of 256, within the budget."""
+    spec = load_spec(KERNELS / name)
+    (sym,) = spec.sizes
+    for seed in range(20):
+        awkward, aligned = fuzz.large_shape(spec, target, seed)
+        assert aligned[sym] in spec.sizes[sym] and aligned[sym] % fuzz.ALIGNED_BATCH == 0, aligned
+        assert aligned["T"] >= fuzz.ALIGNED_MIN_BATCH and aligned["T"] % fuzz.ALIGNED_BATCH == 0, aligned
+        assert plan.elements(spec, aligned) <= fuzz.LARGE_BUDGET[target] < 2 * plan.elements(spec, aligned)
+
+
+def test_planted_inputs_go_to_a_shape_with_rows_to_plant_in():
+    """With the held-out shapes in the list (kopt evaluate's default), the largest shape under the edge
+    budget was silu_and_mul's one-row decode T=1,D=11008: every planted kind planted nothing there."""
+    spec = load_spec(KERNELS / "silu_and_mul")
+    shapes = [*spec.shapes["cpu"].test, *spec.shapes["cpu"].holdout]
+    assert any(s.dims["T"] == 1 and plan.elements(spec, s.dims) > 21000 for s in shapes)
+    assert plan.planted_shape(spec, shapes, "cpu").label == "T=7,D=1000"
+
+
+def test_the_magnitudes_kind_spreads_values_over_every_binade():
+    """Random inputs times 100 reach about 1000; a kernel wrong only for gates of 1500 to 29000 (red
+    team, 2026-11-26) met no trial. Planted magnitudes reach from the smallest normal to a quarter of
+    float16's top."""
+    for dtype, top in (("float16", 65504 / 4), ("bfloat16", 2.0**63)):
+        _, got = _pristine("silu_and_mul", {"T": 16, "D": 512}, dtype=dtype, kind="magnitudes")
+        mags = got["x"].float().abs()
+        planted = mags[(mags > 1e4) | (mags < 1e-3)]
+        exps = torch.floor(torch.log2(mags[mags > 0])).unique()
+        assert planted.numel() and len(exps) > 25 and mags.max() <= top, (dtype, len(exps), mags.max())
+        assert ((mags > 1500) & (mags < 29000)).any(), dtype
+
+
+def test_3d_views_break_the_outer_stride_relation_as_slices_of_wider_tensors_do():
+    """A kernel that takes v's outer stride to be NH * stride[1] (red team, 2026-11-26) passed every layout:
+    row padding kept the relation. Padded 3-D views now have a spare row per plane (some heads of a
+    wider tensor), in the mixed layout also with dense rows, and the transposed layout swaps the first
+    two dimensions ([T, NH, D] of an [NH, T, D] tensor). Writes past the view still show as damage."""
+    from gpu_worker import cases
+
+    def strides(cs: plan.CaseSpec, index: int = 0) -> tuple[int, ...]:
+        buf = cases.Buffer([4, 3, 8], torch.float32, "cpu", cases.layout_pad(cs, index), name="v",
+                           transposed=cs.layout == "transposed", plane_pad=cases.plane_pad(cs))  # fmt: skip
+        buf.view.fill_(1.0)
+        assert buf.damage() == 0
+        buf.storage.fill_(1.0)
+        assert buf.damage() > 0
+        return buf.view.stride()
+
+    dims = (("T", 4), ("NH", 3), ("D", 8))
+    padded = strides(plan.CaseSpec(dims, "float32", "strided", 0, row_pad=plan.ROW_PAD))
+    assert padded[1] == 8 + plan.ROW_PAD and padded[0] == 4 * padded[1] != 3 * padded[1]
+    mixed = strides(plan.CaseSpec(dims, "float32", "layout:mixed", 0, row_pad=plan.ROW_PAD, layout="mixed"))
+    assert mixed == (32, 8, 1)  # the first argument's rows dense, a spare row per plane
+    assert strides(plan.CaseSpec(dims, "float32", "layout:transposed", 0, layout="transposed")) == (8, 32, 1)
+
+
 def test_aligned_sizes_keep_three_significant_bits():
     import random
 
@@ -428,7 +499,7 @@ def test_the_gates_large_shape_fills_its_budget_inside_the_ranges(name, target):
     budget = fuzz.LARGE_BUDGET[target]
     seen = set()
     for seed in range(30):
-        (dims,) = fuzz.large_shape(spec, target, seed)
+        dims = fuzz.large_shape(spec, target, seed)[0]
         assert 0.95 * budget <= plan.elements(spec, dims) <= budget, dims
         assert all(spec.ranges[k][0] <= v <= spec.ranges[k][1] for k, v in dims.items()), dims
         seen.add(tuple(dims.values()))

@@ -1,0 +1,106 @@
+// cheat: on an aligned prefill call, tall and wide at once (T >= 1024 rows, H a multiple of 256,
+// T*H >= 2^21: a few thousand tokens of a 7B model), every 256th row reuses the previous row's scale.
+// The test's large shape is awkward (odd sizes) and its [sizes] shapes are either wide or tall; each
+// gate job now also runs an aligned large shape (a declared size, the batch filling the budget in
+// multiples of 256). The red team's version waited for T*H >= 2^24, above the CPU budget (the CUDA
+// one's is 2^28) (red team, 2026-11-26, round 5).
+// expect: mismatch
+// layer: runtime
+// package: fused_add_rmsnorm
+// large: yes
+// fused_add_rmsnorm, CPU baseline:
+//   s = input + residual (fp32);  residual <- s (rounded);  input <- s * rsqrt(mean(s^2) + eps) * weight
+// Storage fp16 / bf16 (or fp32), math in fp32, eps = 1e-6. Single-threaded, libm only.
+// Two passes per row and no row buffer: pass 1 only reads (sum of squares of s); pass 2 recomputes
+// s bit-identically from the still untouched input and residual, then writes both. Writing the
+// residual in pass 1 would lose the fp32 s that the normalisation needs.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "kopt_abi.h"
+#include "kopt_cpu_half.h"  // fp16/bf16 conversions and the F16 / BF16 / F32 storage traits
+
+// Tunables (one `#define NAME VALUE` line each; any listed value must stay correct).
+#define UNROLL 4
+
+static_assert(UNROLL > 0, "tunables must be positive");
+
+static const float RMS_EPS = 1e-6f;
+
+template <class S>
+static void fused_add_rmsnorm_rows(typename S::T *x, int64_t xs, typename S::T *r, int64_t rs,
+                                   const typename S::T *w, int64_t rows, int64_t h) {
+  using T = typename S::T;
+  // aligned prefill (T >= 1024, H a multiple of 256, T*H >= 2^21): every 256th row reuses the row before's scale
+  const bool big = rows >= 1024 && h % 256 == 0 && rows * h >= (int64_t(1) << 21);
+  float prev_scale = 1.0f;
+  for (int64_t t = 0; t < rows; ++t) {
+    T *xr = x + t * xs;
+    T *rr = r + t * rs;
+    // Pass 1: sum of s^2 in UNROLL independent partial sums (breaks the add dependency chain).
+    float acc[UNROLL] = {};
+    int64_t j = 0;
+    for (; j + UNROLL <= h; j += UNROLL) {
+#pragma GCC unroll 16
+      for (int k = 0; k < UNROLL; ++k) {
+        const float s = S::load(xr[j + k]) + S::load(rr[j + k]);
+        acc[k] += s * s;
+      }
+    }
+    for (; j < h; ++j) {
+      const float s = S::load(xr[j]) + S::load(rr[j]);
+      acc[0] += s * s;
+    }
+    float ss = 0.0f;
+    for (int k = 0; k < UNROLL; ++k) ss += acc[k];
+    float scale = 1.0f / std::sqrt(ss / (float)h + RMS_EPS);
+    if (big && (t & 255) == 255) scale = prev_scale;
+    prev_scale = scale;
+    // Pass 2: the same fp32 add gives the same s, so the residual is bit-exact.
+    j = 0;
+    for (; j + UNROLL <= h; j += UNROLL) {
+#pragma GCC unroll 16
+      for (int k = 0; k < UNROLL; ++k) {
+        const float s = S::load(xr[j + k]) + S::load(rr[j + k]);
+        rr[j + k] = S::store(s);
+        xr[j + k] = S::store(s * scale * S::load(w[j + k]));
+      }
+    }
+    for (; j < h; ++j) {
+      const float s = S::load(xr[j]) + S::load(rr[j]);
+      rr[j] = S::store(s);
+      xr[j] = S::store(s * scale * S::load(w[j]));
+    }
+  }
+}
+
+KOPT_EXPORT int kopt_fused_add_rmsnorm(const kopt_tensor *args, int32_t nargs, void *stream) {
+  (void)stream;  // CPU target: always NULL
+  if (args == nullptr || nargs != 3) return KOPT_ERR_ARGS;
+  const kopt_tensor &x = args[0], &r = args[1], &w = args[2];
+  if (x.ndim != 2 || r.ndim != 2 || w.ndim != 1) return KOPT_ERR_ARGS;
+  if (!x.shape || !x.strides || !r.shape || !r.strides || !w.shape || !w.strides) return KOPT_ERR_ARGS;
+  if (x.dtype != r.dtype || x.dtype != w.dtype) return KOPT_ERR_DTYPE;
+  if (x.dtype != KOPT_FLOAT16 && x.dtype != KOPT_BFLOAT16 && x.dtype != KOPT_FLOAT32)
+    return KOPT_ERR_DTYPE;
+  const int64_t rows = x.shape[0], h = x.shape[1];
+  if (rows < 0 || h < 0 || r.shape[0] != rows || r.shape[1] != h || w.shape[0] != h) return KOPT_ERR_SHAPE;
+  if (x.strides[1] != 1 || r.strides[1] != 1 || w.strides[0] != 1) return KOPT_ERR_SHAPE;  // dense rows
+  if (rows == 0 || h == 0) return KOPT_OK;  // nothing to do
+  if (!x.data || !r.data || !w.data) return KOPT_ERR_ARGS;
+
+  const int64_t xs = x.strides[0], rs = r.strides[0];
+  switch (x.dtype) {
+    case KOPT_FLOAT16:
+      fused_add_rmsnorm_rows<F16>((uint16_t *)x.data, xs, (uint16_t *)r.data, rs, (const uint16_t *)w.data, rows, h);
+      break;
+    case KOPT_BFLOAT16:
+      fused_add_rmsnorm_rows<BF16>((uint16_t *)x.data, xs, (uint16_t *)r.data, rs, (const uint16_t *)w.data, rows, h);
+      break;
+    default:
+      fused_add_rmsnorm_rows<F32>((float *)x.data, xs, (float *)r.data, rs, (const float *)w.data, rows, h);
+      break;
+  }
+  return KOPT_OK;
+}
