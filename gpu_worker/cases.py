@@ -88,21 +88,22 @@ class Buffer:
     Layouts (plan.LAYOUTS): `row_pad` elements after every row; in 3-D and more `plane_pad` spare rows
     after every plane (a slice of a larger tensor, e.g. some heads of [T, heads, D]: its outer stride is
     not the product of the inner ones); `offset` elements between the aligned start and the view (a view
-    with a storage offset: its base is not 16-byte aligned); `transposed`: in 2-D the storage holds the
-    transpose, so the view's inner stride is its row count; in 3-D the first two dimensions are swapped
-    in storage ([heads, T, D] seen as [T, heads, D]), the inner stride stays 1."""
+    with a storage offset: its base is not 16-byte aligned); `transposed` (2-D): the storage holds the
+    transpose, so the view's inner stride is its row count; `swapped` (3-D): the first two dimensions
+    are swapped in storage ([heads, T, D] seen as [T, heads, D]), the inner stride stays 1."""
 
     def __init__(self, shape: list[int], dtype: torch.dtype, device: str, row_pad: int = 0, guards: bool = True,
                  pool: str = "shared", name: str = "", offset: int = 0, transposed: bool = False,
-                 plane_pad: int = 0):  # fmt: skip
+                 plane_pad: int = 0, swapped: bool = False):  # fmt: skip
         size = torch.empty((), dtype=dtype).element_size()
         unit = GUARD_BYTES // size  # elements in one alignment unit
         g = unit if guards else 0
         row_pad = row_pad if len(shape) >= 2 else 0
         plane_pad = plane_pad if len(shape) >= 3 else 0
-        transposed = transposed and len(shape) in (2, 3) and not row_pad
+        transposed = transposed and len(shape) == 2 and not row_pad
+        swapped = swapped and len(shape) == 3 and not row_pad
         padded = bool(row_pad or plane_pad)
-        if transposed:
+        if transposed or swapped:
             phys = [shape[1], shape[0], *shape[2:]]
         elif padded:  # the last dimension padded by row_pad, the middle ones by plane_pad
             phys = [shape[0], *(s + plane_pad for s in shape[1:-1]), shape[-1] + row_pad]
@@ -124,7 +125,7 @@ class Buffer:
         start = lead + offset
         inner = self.storage[start : start + n].view(phys)
         within = tuple(slice(0, s) for s in shape)
-        self.view = inner.transpose(0, 1) if transposed else inner[within] if padded else inner
+        self.view = inner.transpose(0, 1) if transposed or swapped else inner[within] if padded else inner
         self.outside: torch.Tensor | None = None
         if lead or tail or padded or offset:
             self.outside = torch.ones(self.storage.shape, dtype=torch.bool, device=device)
@@ -222,9 +223,9 @@ LAYOUT_OFFSETS = (1, 3, 2)
 
 
 def plane_pad(cs: CaseSpec) -> int:
-    """Spare rows per plane of a 3-D argument: one wherever rows are padded, and in the mixed layout
-    for every argument (a dense-rowed slice of a wider tensor among them)."""
-    return 1 if cs.row_pad or cs.layout == "mixed" else 0
+    """Spare rows per plane of a 3-D argument: one wherever rows are padded, and in the mixed and
+    planes layouts for every argument (dense rows in a slice of a wider tensor)."""
+    return 1 if cs.row_pad or cs.layout in ("mixed", "planes") else 0
 
 
 def layout_pad(cs: CaseSpec, index: int) -> int:
@@ -249,7 +250,8 @@ class Case:
         self.buffers = {
             a.name: Buffer(shapes[a.name], dtype_of(a, cs.dtype), device, layout_pad(cs, i), guards, pool, a.name,
                            offset=LAYOUT_OFFSETS[i % len(LAYOUT_OFFSETS)] if cs.layout == "offset" else 0,
-                           transposed=cs.layout == "transposed", plane_pad=plane_pad(cs))
+                           transposed=cs.layout == "transposed", plane_pad=plane_pad(cs),
+                           swapped=cs.layout == "heads-major")
             for i, a in enumerate(args)
         }  # fmt: skip
         self.tensors = {name: b.view for name, b in self.buffers.items()}

@@ -28,11 +28,14 @@ ROW_PAD = 8  # elements of padding per row in the strided variant (keeps 16-byte
 # Layouts beyond "strided" (every argument's rows padded alike), as callers pass views: "mixed", each
 # argument's rows padded by another multiple of ROW_PAD (0, 1, 2 in turn: an input strided and the
 # residual dense); "offset", every base a few elements past an aligned address (a view with a storage
-# offset); "transposed", 2-D arguments whose inner stride is not 1 (a [T, NH] view of an [NH, T] tensor)
-# and 3-D ones whose first two dimensions are swapped in storage ([T, NH, D] of an [NH, T, D] tensor).
-# Padded 3-D arguments also get a spare row per plane (some heads of a wider tensor: cases.Buffer).
+# offset); "transposed", 2-D arguments whose inner stride is not 1 (a [T, NH] view of an [NH, T] tensor).
+# Where an argument is 3-D: "planes", every 3-D argument with dense rows and a spare row per plane (some
+# heads of a wider tensor: the outer stride is not the product of the inner ones; padded 3-D arguments
+# of the other layouts get one too), the others dense; "heads-major", every 3-D argument's first two
+# dimensions swapped in storage ([T, NH, D] of an [NH, T, D] tensor), the others dense.
 # Each applies where the baseline takes it (a kernel that needs dense rows refuses, and it is skipped).
-LAYOUTS = ("mixed", "offset", "transposed")
+LAYOUTS = ("mixed", "offset", "transposed", "planes", "heads-major")
+LAYOUTS_3D = ("planes", "heads-major")  # only where an argument has 3 dimensions
 # Input classes the harness plants (gpu_worker/planted.py), each a variant group at one shape.
 PLANT_ROWS = 8  # rows a planted shape has at least, where a declared shape has them
 PLANTED_KINDS = ("zeros", "repeated", "sparse", "constant", "leading-zeros", "huge", "tiny", "magnitudes",
@@ -253,7 +256,8 @@ def test_plan(
             for dtype in dtypes:
                 case = CaseSpec(dims, dtype, "strided", 0, row_pad=ROW_PAD)
                 groups.append(Group(shape.label, dtype, "strided", False, [case]))
-            for i, layout in enumerate(LAYOUTS):  # one dtype each, in turn
+            three_d = any(len(a.shape) >= 3 for a in spec.arguments)
+            for i, layout in enumerate(L for L in LAYOUTS if three_d or L not in LAYOUTS_3D):  # one dtype each
                 dtype = dtypes[(turn + i) % len(dtypes)] if dtypes else None
                 if dtype is not None:
                     v = f"layout:{layout}"

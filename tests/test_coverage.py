@@ -158,13 +158,15 @@ def test_the_magnitudes_kind_spreads_values_over_every_binade():
 def test_3d_views_break_the_outer_stride_relation_as_slices_of_wider_tensors_do():
     """A kernel that takes v's outer stride to be NH * stride[1] (red team, 2026-11-26) passed every layout:
     row padding kept the relation. Padded 3-D views now have a spare row per plane (some heads of a
-    wider tensor), in the mixed layout also with dense rows, and the transposed layout swaps the first
-    two dimensions ([T, NH, D] of an [NH, T, D] tensor). Writes past the view still show as damage."""
+    wider tensor), in the mixed and planes layouts also with dense rows, and the heads-major layout
+    swaps the first two dimensions ([T, NH, D] of an [NH, T, D] tensor); transposed stays 2-D (a 3-D
+    argument swapped beside it made candidates refuse the 2-D case). Writes past the view show as damage."""
     from gpu_worker import cases
 
     def strides(cs: plan.CaseSpec, index: int = 0) -> tuple[int, ...]:
         buf = cases.Buffer([4, 3, 8], torch.float32, "cpu", cases.layout_pad(cs, index), name="v",
-                           transposed=cs.layout == "transposed", plane_pad=cases.plane_pad(cs))  # fmt: skip
+                           transposed=cs.layout == "transposed", plane_pad=cases.plane_pad(cs),
+                           swapped=cs.layout == "heads-major")  # fmt: skip
         buf.view.fill_(1.0)
         assert buf.damage() == 0
         buf.storage.fill_(1.0)
@@ -176,7 +178,9 @@ def test_3d_views_break_the_outer_stride_relation_as_slices_of_wider_tensors_do(
     assert padded[1] == 8 + plan.ROW_PAD and padded[0] == 4 * padded[1] != 3 * padded[1]
     mixed = strides(plan.CaseSpec(dims, "float32", "layout:mixed", 0, row_pad=plan.ROW_PAD, layout="mixed"))
     assert mixed == (32, 8, 1)  # the first argument's rows dense, a spare row per plane
-    assert strides(plan.CaseSpec(dims, "float32", "layout:transposed", 0, layout="transposed")) == (8, 32, 1)
+    assert strides(plan.CaseSpec(dims, "float32", "layout:planes", 0, layout="planes")) == (32, 8, 1)
+    assert strides(plan.CaseSpec(dims, "float32", "layout:heads-major", 0, layout="heads-major")) == (8, 32, 1)
+    assert strides(plan.CaseSpec(dims, "float32", "layout:transposed", 0, layout="transposed")) == (24, 8, 1)
 
 
 def test_aligned_sizes_keep_three_significant_bits():

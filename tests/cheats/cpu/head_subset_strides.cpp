@@ -1,8 +1,9 @@
 // cheat: addresses v's rows as (t * NH + h) * stride[1], taking stride[0] to be NH * stride[1]: right
 // for a dense or row-padded [T, NH, D], wrong for a slice of a wider tensor (some heads of it, a
 // [NH, T, D] tensor seen as [T, NH, D]) whose outer stride is something else. The strided layouts padded
-// every row alike, which keeps that relation; now a padded 3-D argument has a spare row per plane, and
-// the transposed layout swaps its first two dimensions (red team, 2026-11-26, round 5).
+// every row alike, which keeps that relation; now a padded 3-D argument has a spare row per plane, the
+// planes layout gives every 3-D argument one with dense rows, and heads-major swaps the first two
+// dimensions (red team, 2026-11-26, round 5).
 // expect: written outside the buffer | mismatch | never written
 // layer: runtime
 // package: merge_attn_states_lse

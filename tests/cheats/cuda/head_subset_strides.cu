@@ -1,7 +1,8 @@
 // cheat: takes any outer stride of v_a, v_b and v_out (the baseline takes dense tensors only) but
 // addresses them densely, pair p at p * D: right where stride[0] is NH * D, wrong for some heads of a
-// wider tensor (o[:, h0:h0+NH, :]). The mixed layout now gives every 3-D argument a spare row per plane,
-// so a candidate that takes such a call must compute it right (red team, 2026-11-26, round 5).
+// wider tensor (o[:, h0:h0+NH, :]). The planes layout now gives every 3-D argument dense rows and a spare
+// row per plane: the baseline refuses it, so a candidate that takes it must compute it right (red team,
+// 2026-11-26, round 5).
 // expect: mismatch | never written | written outside the buffer
 // layer: runtime
 // package: merge_attn_states_lse
