@@ -181,7 +181,9 @@ def run_group(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> Gro
                 if not group.declared and (base_rc not in UNSUPPORTED or rc in UNSUPPORTED):
                     out.skipped = f"skipped: the baseline fails it too ({base_msg})"
                     return out
-        if (base_case is None or base_rc in UNSUPPORTED) and not group.declared and rc in UNSUPPORTED:
+        # A call the baseline refuses too, or one in a dtype the package does not declare, may be refused.
+        refusable = base_case is None or base_rc in UNSUPPORTED or group.variant.startswith(plan.UNDECLARED)
+        if refusable and not group.declared and rc in UNSUPPORTED:
             out.skipped = f"skipped: the candidate does not take it ({error_message(rc)})"
             return out
         if rc != 0:
@@ -197,7 +199,8 @@ def run_group(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> Gro
             out.message = f"second call on the same buffers: {msg}"
             return out
         del case, base_case, refs, pristine
-    calibrate(ctx, group, tol, out)
+    if not group.variant.startswith(plan.UNDECLARED):  # a dtype the package does not declare: its tolerance only
+        calibrate(ctx, group, tol, out)
     if ctx.cuda:
         torch.cuda.empty_cache()
     return out

@@ -37,6 +37,12 @@ ROW_PAD = 8  # elements of padding per row in the strided variant (keeps 16-byte
 LAYOUTS = ("mixed", "offset", "transposed", "planes", "heads-major")
 LAYOUTS_3D = ("planes", "heads-major")  # only where an argument has 3 dimensions
 # Input classes the harness plants (gpu_worker/planted.py), each a variant group at one shape.
+# A call in a float dtype the package does not declare: where the baseline takes it, or a candidate does
+# though the baseline refuses it, the result must be right (silu_and_mul's CPU baseline computes float32
+# too; a candidate wrong only there passed: red team, 2026-11-26, round 5). A kernel that refuses the
+# dtype (KOPT_ERR_DTYPE) is not checked there.
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+UNDECLARED = "dtype:"  # the variant prefix of those calls
 PLANT_ROWS = 8  # rows a planted shape has at least, where a declared shape has them
 PLANTED_KINDS = ("zeros", "repeated", "sparse", "constant", "leading-zeros", "huge", "tiny", "magnitudes",
                  "nonfinite", "ones", "same-as-other")
@@ -227,6 +233,10 @@ def test_plan(
         added += [(base, f"fill:{fill}", True, {"fill": fill}) for fill in OUTPUT_FILLS]
     if base is not None and any(plantable(a) for a in spec.arguments):
         added += [(base, f"planted:{kind}", True, {"plant": kind}) for kind in PLANTED_KINDS]
+    if base is not None and dtypes:  # the float dtypes the package does not declare (the kernel may take them)
+        for other in (d for d in FLOAT_DTYPES if d not in dtypes):
+            v = f"{UNDECLARED}{other}"
+            groups.append(Group(base.label, other, v, False, [CaseSpec(tuple(base.dims.items()), other, v, 0)]))
     for shape, v, one, extra in added:
         for dtype in ([dtypes[turn % len(dtypes)]] if one and dtypes else dtypes):
             turn += one

@@ -90,7 +90,7 @@ def test_edge_shapes_come_from_the_declared_ones():
     fills = {f"fill:{f}" for f in plan.OUTPUT_FILLS}
     layouts = {f"layout:{lay}" for lay in plan.LAYOUTS if lay not in plan.LAYOUTS_3D}  # silu's arguments are 2-D
     assert {g.variant for g in groups} == {"", "x0.01", "x100", "edge", "strided", "update", "repeat", "burst", *planted,
-                                           *fills, *layouts}  # fmt: skip
+                                           *fills, *layouts, "dtype:float32", "dtype:bfloat16"}  # fmt: skip
     # The sequences and planted inputs go to the largest declared shape under the edge budget.
     assert {g.label for g in groups if g.variant in ("update", "burst", *planted, *fills)} == {"T=7,D=1000"}
     assert plan.prime_at_most(4096) == 4093 and plan.next_prime(97) == 101
@@ -225,16 +225,18 @@ def test_baseline_passes(libs, scale2):
     assert result.correct, result.reason
     # 3 shapes x 2 dtypes declared; variants: x0.01 and x100 of each, edge shapes x 2 dtypes (one prime and
     # N = 2..8), the update and burst sequences and every planted input class at one shape x 2 dtypes, and
-    # the job's fuzzed shapes x 2 dtypes
+    # the job's fuzzed shapes x 2 dtypes, and the one float dtype not declared
     assert len(result.checks) == 3 * 2
     counts = collections.Counter(c.variant.split(":")[0] for c in result.variant_checks)
     fuzzed = {c.shape for c in result.variant_checks if c.variant == "fuzz"}
     assert counts == {"x0.01": 6, "x100": 6, "edge": 16, "update": 2, "repeat": 1, "burst": 2, "fill": 2,
-                      "planted": len(plan.PLANTED_KINDS), "fuzz": 2 * len(fuzzed)}, counts
+                      "planted": len(plan.PLANTED_KINDS), "fuzz": 2 * len(fuzzed), "dtype": 1}, counts  # bfloat16
     one_dtype = [c.dtype for c in result.variant_checks if c.variant.startswith(("fill", "planted", "repeat"))]
     assert set(one_dtype) == {"float32", "float16"}  # one dtype a group, the dtypes in turn
     assert len(fuzzed) >= 3 and "N=65536" in fuzzed and "N=0" not in fuzzed  # no [ranges]: N in [1, 65536]
-    checks = result.checks + result.variant_checks
+    (undeclared,) = [c for c in result.variant_checks if c.variant == "dtype:bfloat16"]
+    assert undeclared.skipped and "KOPT_ERR_DTYPE" in undeclared.message, undeclared  # both refuse bfloat16
+    checks = [c for c in result.checks + result.variant_checks if c is not undeclared]
     assert all(c.ok and not c.skipped and c.max_abs_err == 0.0 for c in checks)  # 2*x is exact
     assert all(c.baseline_max_abs_err == 0.0 and c.error_bound is not None for c in checks)
     assert result.candidate_id == "scale2-test" and not result.static_violations
