@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from gpu_worker.kernel_host import KoptTensor  # noqa: F401 - one definition, torch-free
+from gpu_worker.kernel_host import KoptTensor, missing_entry  # noqa: F401 - one definition, torch-free
 
 KOPT_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3, torch.int32: 4, torch.int64: 5}
 KOPT_ERRORS = {1: "KOPT_ERR_ARGS", 2: "KOPT_ERR_DTYPE", 3: "KOPT_ERR_SHAPE", 4: "KOPT_ERR_LAUNCH"}
@@ -61,9 +61,7 @@ class Kernel:
         try:
             fn = getattr(self.lib, entry)
         except AttributeError:
-            raise KernelFailure(
-                f"{role}: entry symbol {entry!r} is not exported (KOPT_EXPORT, extern \"C\"?)", party=role
-            ) from None
+            raise KernelFailure(missing_entry(role, entry), party=role) from None
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.POINTER(KoptTensor), ctypes.c_int32, ctypes.c_void_p]
         self.fn = fn

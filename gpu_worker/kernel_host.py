@@ -92,6 +92,12 @@ class KoptTensor(ctypes.Structure):
     ]
 
 
+def missing_entry(role: str, entry: str) -> str:
+    """Why a library cannot be called: it does not export the entry point the package names."""
+    return (f"{role}: its library exports no {entry!r}, the entry point kernel.toml's `entry` names "
+            "(defined with KOPT_EXPORT, as extern \"C\"?)")
+
+
 def decode_pack(body: bytes, segments: dict[int, tuple[int, int]]) -> tuple[int, object, list, list]:
     """(pack id, KoptTensor array, arrays to keep alive, (segment, offset, bytes) of each tensor's allocation)
     from a P message; `segments` maps a segment id to (base address here, bytes). Raises ValueError on
@@ -339,7 +345,7 @@ def main(argv: list[str]) -> None:
     try:
         fn = getattr(lib, entry)
     except AttributeError:
-        sock.send(Hello.ERROR + f"{role}: entry symbol {entry!r} is not exported (KOPT_EXPORT, extern \"C\"?)".encode())
+        sock.send(Hello.ERROR + missing_entry(role, entry).encode())
         return
     started = _tasks() - threads
     if started > 0:

@@ -79,3 +79,16 @@ def test_human_readable_verdict():
 def test_usage_errors_exit_2(kernel_dir, candidate, target, message):
     code, out, err = run(candidate, kernel_dir=kernel_dir, target=target)
     assert code == exits.USAGE and out == "" and message in err
+
+
+def test_an_entry_point_the_libraries_do_not_export_points_at_kernel_toml(tmp_path):
+    """A misspelled `entry` in kernel.toml read "wrong result: candidate: entry symbol ... is not exported",
+    nothing pointing at kernel.toml, while the baseline lacked it too. The reason names the setting."""
+    import shutil
+
+    pkg = shutil.copytree(SCALE2, tmp_path / "pkg")
+    toml = pkg / "kernel.toml"
+    toml.write_text(toml.read_text().replace('entry = "kopt_scale2"', 'entry = "kopt_scale3"'))
+    code, out, _ = run(pkg / "kernel.cpp", kernel_dir=pkg)
+    reason = json.loads(out)["reason"]
+    assert code == exits.FAILED and "exports no 'kopt_scale3', the entry point kernel.toml's `entry` names" in reason
