@@ -118,7 +118,12 @@ def _terminate_like_interrupt() -> list[int]:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors in kopt's one-line form (exit 2), like every other bad input."""
+    """Usage errors in kopt's one-line form (exit 2), like every other bad input; no abbreviated options
+    (`--round 3` was taken as `--rounds 3`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(exits.USAGE, f"kopt: error: {message} (see `{self.prog} --help`)\n")

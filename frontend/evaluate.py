@@ -197,8 +197,8 @@ def _finish(verdict: Verdict, as_json: bool, out: TextIO, start: float) -> int:
     return exits.OK if verdict.correct else exits.FAILED
 
 
-def render(v: Verdict) -> str:
-    lines = [f"kopt evaluate: {v.kernel} ({v.target}), candidate {v.candidate}"]
+def render(v: Verdict, command: str = "evaluate") -> str:
+    lines = [f"kopt {command}: {v.kernel} ({v.target}), candidate {v.candidate}"]
     if v.device:
         bw = f", copy bandwidth {v.copy_bandwidth_gbs:.0f} GB/s" if v.copy_bandwidth_gbs else ""
         lines.append(f"device: {v.device}{bw}")

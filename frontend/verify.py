@@ -149,7 +149,7 @@ async def verify(kernel_dir: Path, candidate: Path, target: str | None = None, f
     seconds = time.monotonic() - start
     if judged is not None:
         judged.verdict.seconds["total"] = round(seconds, 3)
-        out.write(render(judged.verdict))
+        out.write(render(judged.verdict, "verify"))
     out.write(f"kopt verify: {summary} (exit {code})\n")
     out.flush()
     if junit_path is not None:

@@ -110,14 +110,28 @@ def check_outputs(case: Case, refs: dict[str, torch.Tensor], tols: dict[str, Tol
         if n:
             at = int(torch.argmax(torch.where(bad, diff, torch.full_like(diff, -1.0))))
             idx = [int(i) for i in torch.unravel_index(torch.tensor(at), want.shape)]
+            shown_got, shown_want = distinct(float(got.flatten()[at]), float(want.flatten()[at]))
             return (
-                f"{name}: {n} of {numel} elements mismatch; worst at {idx}: got {float(got.flatten()[at]):.6g}, "
-                f"expected {float(want.flatten()[at]):.6g} (|err| {float(diff.flatten()[at]):.3g} > "
-                f"atol {tol.atol:g} + rtol {tol.rtol:g} * |ref|)"
+                f"{name}: {n} of {numel} elements mismatch; worst at {idx}: got {shown_got}, "
+                f"expected {shown_want} (|err| {float(diff.flatten()[at]):.3g} > "
+                f"atol {tol.atol:g} + rtol {tol.rtol:g} * |ref|; kernel.toml [tolerances.{dtype_name(raw)}] sets them)"
             )
         if numel and int(torch.count_nonzero(got)) == 0 and int(torch.count_nonzero(want)) != 0:
             return f"{name}: output is all zeros while the reference is not"
     return None
+
+
+def distinct(got: float, want: float) -> tuple[str, str]:
+    """Two values printed with as many significant digits (6 to 9) as it takes to tell them apart."""
+    for digits in range(6, 10):
+        a, b = f"{got:.{digits}g}", f"{want:.{digits}g}"
+        if a != b:
+            break
+    return a, b
+
+
+def dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 
 def check_inputs(case: Case) -> str | None:

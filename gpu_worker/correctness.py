@@ -37,6 +37,9 @@ class GroupOutcome:
     bound: float | None = None
 
 
+# What a failed variant's label means, in the reason (a bare "x100" said nothing to a package's author).
+VARIANT_GLOSS = {f"x{scale:g}": f" (every float input scaled by {scale:g})" for scale in plan.SCALES}
+
 def special_differs(ctx: Context, dtype: str) -> bool:
     """Whether make_inputs(special=True) plants anything: at the shape the planted inputs go to (the
     job's smallest, a row or two, had nothing to plant in), its inputs differ from the same seed's
@@ -110,7 +113,7 @@ def run_test(ctx: Context) -> TestResult:
         if ok and reason is None:
             ctx.report(Partial(key=f"test {group.key}", check=check))
         if out.message and reason is None:
-            reason = f"{group.key}: {out.message}"
+            reason = f"{group.key}{VARIANT_GLOSS.get(group.variant, '')}: {out.message}"
         if group.declared and not out.base_ok and ctx.baseline is not None:
             ctx.notes.append(f"{group.key}: the baseline itself fails this declared case; no calibration")
     ctx.sync_device()  # surface asynchronous launch errors as failures of this job

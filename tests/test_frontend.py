@@ -278,3 +278,23 @@ def test_a_signal_after_the_report_keeps_the_runs_exit_code(tmp_path, monkeypatc
             assert code == 0 and "after the run ended" in err, err
         else:
             assert code == 130 and "the run is durable" in err, err
+
+
+def test_an_abbreviated_option_is_not_taken_for_a_longer_one(tmp_path, monkeypatch, capsys):
+    """`--round 3` was taken as `--rounds 3`: a typo that silently changed the run."""
+    from frontend.cli import main
+
+    monkeypatch.setenv("KOPT_HOME", str(tmp_path / "home"))
+    with pytest.raises(SystemExit) as exc:
+        main(["optimize", str(SILU), "--round", "3"])
+    assert exc.value.code == 2 and "unrecognized arguments: --round 3" in capsys.readouterr().err
+
+
+def test_a_mismatch_prints_digits_enough_to_tell_the_values_apart_and_glosses_the_variant():
+    """"got -13.3664, expected -13.3664" showed no difference, and "x100" said nothing."""
+    from gpu_worker.checks import distinct
+    from gpu_worker.correctness import VARIANT_GLOSS
+
+    assert distinct(-13.36641, -13.366412) == ("-13.36641", "-13.366412")
+    assert distinct(1.5, 2.0) == ("1.5", "2")
+    assert VARIANT_GLOSS["x100"] == " (every float input scaled by 100)" and "x0.01" in VARIANT_GLOSS

@@ -45,6 +45,12 @@ def test_the_round_best_is_the_fastest_eligible_slot(measured, best):
 ])  # fmt: skip
 def test_min_gain_and_significance_decide_a_new_best(speedup, best, significant, accepted):
     assert rules.beats_best(speedup, best, 0.05, significant) is accepted
+    why = rules.why_not_best(speedup, best, 0.05, significant)
+    assert (why is None) is accepted  # every refusal says its rule
+    if why is not None:
+        assert why.startswith("not the new best: ")
+        assert ("minimum gain (5%, --min-gain)" in why) is (speedup <= best * 1.05), why
+        assert ("noise floor" in why) is (speedup > best * 1.05 and not significant), why
 
 
 @pytest.mark.parametrize(("speedup", "ratios", "kept"), [

@@ -73,7 +73,8 @@ def test_a_correct_candidate_passes_with_a_testcase_per_check_and_per_timing(tmp
 
 def test_a_wrong_candidate_exits_1_and_names_the_failed_check(tmp_path):
     code, out, junit, js = gate(tmp_path, wrong_copy(tmp_path))
-    assert code == exits.FAILED and "rejected:" in out
+    assert code == exits.FAILED and "rejected:" in out and out.startswith("kopt verify: scale2"), out
+    assert "kernel.toml [tolerances.float" in out and "] sets them" in out, out  # where the tolerance is set
     suite, by = cases(junit)
     failed = [k for k, c in by.items() if c.find("failure") is not None]
     assert failed and all(k.startswith("correctness/") for k in failed), failed

@@ -484,10 +484,14 @@ class OptimizeKernel:
                                  not (self._guard and slower and not req.allow_regressions)))
         best_slot = rules.round_best(measured)
         accepted = None
+        refused: str | None = None  # why the round's best is not the run's new best
         if best_slot is not None:
             outcome, cand = outcomes[best_slot]
+            refused = rules.why_not_best(outcome.speedup_geomean, state.best_summary.speedup_geomean, req.min_gain,
+                                         significant(outcome.profile))
             if rules.beats_best(outcome.speedup_geomean, state.best_summary.speedup_geomean, req.min_gain,
                                 significant(outcome.profile)):
+                refused = "not the new best: rejected at approval"
                 if not req.approve or await self._await_approval(cand.id, outcome.speedup_geomean):
                     accepted = best_slot
                     state.best, state.best_outcome = cand, outcome
@@ -507,6 +511,8 @@ class OptimizeKernel:
             if slow:
                 verdict += (f"; slower than the baseline at {', '.join(slow)}"
                             + ("" if req.allow_regressions else " (not eligible as the best)"))
+            if slot == best_slot and slot != accepted and refused:
+                verdict += f"; {refused}"
             self._event(f"{tag}: {outcome.description}: {verdict}{' -> new best' if slot == accepted else ''}")
             status, failure = _judged(outcome)
             records.append(RoundRecord(

@@ -69,8 +69,18 @@ def round_best(measured: list[tuple[int, float, bool]]) -> int | None:
 
 def beats_best(speedup: float, best_speedup: float, min_gain: float, is_significant: bool) -> bool:
     """A round's best replaces the run's best: faster than it by more than min_gain, and faster than
-    the baseline beyond the A/B's noise."""
-    return speedup > best_speedup * (1 + min_gain) and is_significant
+    the baseline beyond the A/B's noise (why_not_best says which of the two it misses)."""
+    return why_not_best(speedup, best_speedup, min_gain, is_significant) is None
+
+
+def why_not_best(speedup: float, best_speedup: float, min_gain: float, is_significant: bool) -> str | None:
+    """Why a round's best does not replace the run's best (beats_best's rules, in words), or None."""
+    if speedup <= best_speedup * (1 + min_gain):
+        return (f"not the new best: {speedup:.3f}x is not above the best's {best_speedup:.3f}x by the "
+                f"minimum gain ({100 * min_gain:g}%, --min-gain)")
+    if not is_significant:
+        return "not the new best: its A/B interval against the baseline does not clear the noise floor"
+    return None
 
 
 def bucket_gain(speedup: float, best_speedup: float, bucket_ratios: list[float], min_gain: float) -> bool:
