@@ -126,8 +126,8 @@ def rounds_by_id(calls: list[ActivityCall], segment: int) -> list[RoundView]:
     diagnoses: dict[int, tuple[Diagnosis | None, list[LLMCall]]] = {}
     for call in calls:
         rnd, slot = call.at
-        if rnd < 0:  # the held-out judgement after the last round: OptimizeResult.holdout, not a round
-            continue
+        if rnd < 0 or slot < 0:  # the held-out judgement after the last round (OptimizeResult.holdout), or a
+            continue  # round's head-to-head profile against the best (in its RoundRecord): not a candidate
         out = call.result
         done = list(getattr(out, "calls", []) or [])  # earlier failed attempts' calls included
         llm = [*[c for c in call.failed_llm_calls if c not in done], *done]

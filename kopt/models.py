@@ -214,6 +214,10 @@ class RoundRecord(BaseModel):
     accepted: bool = False  # became the new best
     regressions: list[str] = Field(default_factory=list)  # "shape dtype" statistically slower than the baseline
     status: RoundStatus | None = None  # None in records written before the field (see `kind`)
+    # The round's best timed head to head against the run's best (HEAD_TO_HEAD_PATCH): its speed over the
+    # best's, and the interval; None where it was not (the best was the baseline, or an older run).
+    versus_best: float | None = None
+    versus_best_ci: list[float] | None = None
 
     @property
     def kind(self) -> RoundStatus:

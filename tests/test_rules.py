@@ -122,3 +122,23 @@ def test_a_round_record_says_its_status_and_older_records_are_read_from_their_fa
     # The field wins over the text: an agent's failure that happens to start like a status word.
     odd = RoundRecord(**{**base, "compiled": False}, failure="compile error: the coder's reply", status="no candidate")
     assert odd.kind == "no candidate"
+
+
+def _versus(speedup: float, verdict: str) -> ProfileResult:
+    ab = ABResult(per_shape=[], speedup_geomean=speedup, ci_low=speedup * 0.99, ci_high=speedup * 1.01,
+                  verdict=verdict, noise_floor=0.01)  # fmt: skip
+    return ProfileResult(candidate_id="c", ok=True, ab=ab)
+
+
+@pytest.mark.parametrize(("versus", "significant", "says"), [
+    (_versus(1.10, "faster"), True, None),
+    (_versus(1.05, "faster"), True, "not above it by the minimum gain (5%, --min-gain)"),  # exactly min_gain
+    (_versus(0.97, "slower"), True, "0.970x the best's speed head to head"),
+    (_versus(1.08, "same"), True, "does not clear the noise floor"),  # faster, inside the A/B's noise
+    (_versus(1.10, "faster"), False, "against the baseline does not clear the noise floor"),
+    (ProfileResult(candidate_id="c", ok=False, reason="T=1 float32: crashed"), True, "failed (T=1 float32: crashed)"),
+    (None, True, "failed (no A/B against the best)"),
+])  # fmt: skip
+def test_a_best_is_replaced_only_by_beating_it_head_to_head(versus, significant, says):
+    why = rules.why_not_better_head_to_head(versus, 0.05, significant)
+    assert why == says if says is None else (why is not None and says in why), why

@@ -44,11 +44,16 @@ SHAPES = ("T=1", "T=2")
 
 
 class Script:
-    """What each (round, slot)'s candidate measures: (speedup, verdict, slowest shape's interval)."""
+    """What each (round, slot)'s candidate measures: (speedup, verdict, slowest shape's interval) against
+    the baseline, and `versus`: (speed over the best's, verdict) head to head against the run's best; by
+    default the ratio of the two speedups, "faster" beyond 1 %."""
 
-    def __init__(self, by_slot: dict[tuple[int, int], tuple[float, str, float]]) -> None:
+    def __init__(self, by_slot: dict[tuple[int, int], tuple[float, str, float]],
+                 versus: dict[tuple[int, int], tuple[float, str]] | None = None) -> None:  # fmt: skip
         self.by_slot = by_slot
+        self.versus = versus or {}
         self.ids: dict[str, tuple[int, int]] = {}
+        self.head_to_head: list[tuple[str, str]] = []  # (candidate, best) of each head-to-head profile
 
     def activities(self) -> dict[str, list]:
         @activity.defn(name=PLAN.name)
@@ -80,6 +85,12 @@ class Script:
             if req.candidate_id not in self.ids:  # the baseline (round 0): no A/B
                 return ProfileResult(candidate_id=req.candidate_id, ok=True, timings=timings, seconds=0.01)
             speedup, verdict, worst_high = self.by_slot[self.ids[req.candidate_id]]
+            if req.baseline_id in self.ids:  # head to head against the run's best
+                self.head_to_head.append((req.candidate_id, req.baseline_id))
+                ratio = speedup / self.by_slot[self.ids[req.baseline_id]][0]
+                default = (ratio, "faster" if ratio > 1.01 else "slower" if ratio < 0.99 else "same")
+                speedup, verdict = self.versus.get(self.ids[req.candidate_id], default)
+                worst_high = speedup * 1.01
             per_shape = [ShapeAB(shape=s, dtype="float32", mode="hot-cpu", baseline_us=10.0 * speedup,
                                  candidate_us=10.0, speedup=speedup, ci_low=min(speedup, worst_high) * 0.99,
                                  ci_high=worst_high if i == 0 else speedup * 1.01, baseline_samples=50,
@@ -229,6 +240,10 @@ class BucketScript(Script):
             if at is None:  # the baseline
                 return ProfileResult(candidate_id=req.candidate_id, ok=True, timings=timings, seconds=0.01)
             by_shape = self.specialized if at[0] == -2 else self.by_round[at[0]][1]
+            best = self.ids.get(req.baseline_id)
+            if best is not None:  # head to head against the run's best: the ratio of the two, shape by shape
+                best_shape = self.by_round[best[0]][1]
+                by_shape = {s: v / best_shape[s] for s, v in by_shape.items()}
             per_shape = [ShapeAB(shape=s.label, dtype="float32", mode="hot-cpu", baseline_us=10.0 * by_shape[s.label],
                                  candidate_us=10.0, speedup=by_shape[s.label], ci_low=by_shape[s.label] * 0.99,
                                  ci_high=by_shape[s.label] * 1.01, baseline_samples=50, candidate_samples=50)
@@ -274,3 +289,26 @@ def test_the_shape_specialized_step_keeps_a_one_bucket_gain_and_refuses_a_bucket
     assert gained.best.candidate_id == gained.specialized.candidate_id
     assert not lost.specialized.accepted and "in every bucket" in lost.specialized.reason, lost.specialized
     assert lost.best.candidate_id == "cand-r1"
+
+
+def test_a_new_best_beats_the_best_head_to_head_whatever_its_ratio_to_a_drifting_baseline(temporal_server,
+                                                                                        tmp_path):
+    """Each candidate's speedup is measured against a fresh baseline at another time; on a loaded machine
+    the baseline moved by a third between measurements (issue #27). A best that is not the baseline is
+    replaced only by a candidate faster than it in one interleaved A/B, min-gain judged on that ratio:
+    round 2's ratio to the baseline is lower than the best's, yet it beats the best head to head and is
+    taken; round 3's ratio is far higher, yet head to head it is slower, and it is refused; round 4 is
+    faster head to head, but by less than min-gain."""
+    script = Script({
+        (1, 0): (1.20, "faster", 1.21),  # the first best: judged against the baseline, no head to head
+        (2, 0): (1.15, "faster", 1.16),  # a slower baseline measurement, ...
+        (3, 0): (1.40, "faster", 1.41),  # a faster one, ...
+        (4, 0): (1.30, "faster", 1.31),
+    }, versus={(2, 0): (1.10, "faster"), (3, 0): (0.97, "slower"), (4, 0): (1.03, "faster")})  # fmt: skip
+    result = asyncio.run(_run(temporal_server.address, tmp_path / "home", script, rounds=4, slots=1))
+    assert [(r.round, r.accepted) for r in result.rounds] == [(1, True), (2, True), (3, False), (4, False)]
+    assert script.head_to_head == [("cand-r2-s0", "cand-r1-s0"), ("cand-r3-s0", "cand-r2-s0"),
+                                   ("cand-r4-s0", "cand-r2-s0")]  # fmt: skip
+    versus = {r.round: r.versus_best for r in result.rounds}
+    assert versus == {1: None, 2: 1.10, 3: 0.97, 4: 1.03}
+    assert result.best.candidate_id == "cand-r2-s0" and result.best.speedup_geomean == 1.15  # the figure users read

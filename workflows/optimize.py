@@ -62,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         ExecRequest,
         Plan,
         RoundRecord,
+        ProfileResult,
         RoundStatus,
         Shape,
     )
@@ -82,8 +83,9 @@ with workflow.unsafe.imports_passed_through():
     )
     from kopt.search_attributes import BEST_KEY, KERNEL_KEY, ROUND_KEY
     from workflows import judging, rules
-    from workflows.patches import (ACTIVITY_IDS_PATCH, COMPACT_HISTORY_PATCH, HOLDOUT_PATCH, LLM_FAULTS_PATCH,
-                                   NOISE_FLOOR_PATCH, SHAPE_GUARD_PATCH, SPECIALIZE_PATCH)  # fmt: skip
+    from workflows.patches import (ACTIVITY_IDS_PATCH, COMPACT_HISTORY_PATCH, HEAD_TO_HEAD_PATCH, HOLDOUT_PATCH,
+                                   LLM_FAULTS_PATCH, NOISE_FLOOR_PATCH, SHAPE_GUARD_PATCH,
+                                   SPECIALIZE_PATCH)  # fmt: skip
     from workflows.rules import Stop, StopKind, geomean, significant, speedups
 
 BAD_REPLIES_BEFORE_FALLBACK = 3  # consecutive unusable replies of one role, then its offline stand-in
@@ -91,6 +93,7 @@ OFFLINE_FALLBACK = (PLAN.name, CODE.name)  # roles with an offline stand-in (the
 R = TypeVar("R")
 MAX_EVENTS = 200
 HOLDOUT_ROUND = -1  # the (round, slot) the held-out calls' activity ids name (runs since HOLDOUT_PATCH)
+VERSUS_SLOT = -1  # the slot the head-to-head profile's activity id names (its round's; not a candidate's)
 SPECIALIZE_ROUND = -2  # likewise for the shape-specialized step (runs since SPECIALIZE_PATCH)
 
 
@@ -181,6 +184,7 @@ class OptimizeKernel:
         self._ids = workflow.patched(ACTIVITY_IDS_PATCH)
         self._guard = workflow.patched(SHAPE_GUARD_PATCH)
         self._floored = workflow.patched(NOISE_FLOOR_PATCH)
+        self._head_to_head = workflow.patched(HEAD_TO_HEAD_PATCH)
         self._progress.rounds = req.rounds
         state = req.state
         if state is None:
@@ -485,12 +489,18 @@ class OptimizeKernel:
         best_slot = rules.round_best(measured)
         accepted = None
         refused: str | None = None  # why the round's best is not the run's new best
+        versus: ProfileResult | None = None  # the round's best against the best, head to head
         if best_slot is not None:
             outcome, cand = outcomes[best_slot]
-            refused = rules.why_not_best(outcome.speedup_geomean, state.best_summary.speedup_geomean, req.min_gain,
-                                         significant(outcome.profile))
-            if rules.beats_best(outcome.speedup_geomean, state.best_summary.speedup_geomean, req.min_gain,
-                                significant(outcome.profile)):
+            if self._head_to_head and state.best.id != req.baseline.id:
+                versus = await self._versus_best(req, state, rnd, outcome, cand)
+            if versus is not None:
+                refused = rules.why_not_better_head_to_head(versus, req.min_gain, significant(outcome.profile))
+            else:  # against the baseline (the best so far, a best whose library the state lacks, or a run
+                # recorded before HEAD_TO_HEAD_PATCH)
+                refused = rules.why_not_best(outcome.speedup_geomean, state.best_summary.speedup_geomean,
+                                             req.min_gain, significant(outcome.profile))
+            if refused is None:
                 refused = "not the new best: rejected at approval"
                 if not req.approve or await self._await_approval(cand.id, outcome.speedup_geomean):
                     accepted = best_slot
@@ -511,6 +521,10 @@ class OptimizeKernel:
             if slow:
                 verdict += (f"; slower than the baseline at {', '.join(slow)}"
                             + ("" if req.allow_regressions else " (not eligible as the best)"))
+            if slot == best_slot and versus is not None and versus.ab is not None:
+                ab = versus.ab
+                verdict += (f"; head to head against the best: {ab.speedup_geomean:.3f}x "
+                            f"[{ab.ci_low:.3f}, {ab.ci_high:.3f}] ({ab.verdict})")
             if slot == best_slot and slot != accepted and refused:
                 verdict += f"; {refused}"
             self._event(f"{tag}: {outcome.description}: {verdict}{' -> new best' if slot == accepted else ''}")
@@ -520,7 +534,8 @@ class OptimizeKernel:
                 flags=cand.flags, slot=slots[slot], compiled=bool(outcome.compile and outcome.compile.ok),
                 correct=outcome.correct, speedup_geomean=outcome.speedup_geomean, failure=failure,
                 compile_seconds=outcome.compile.seconds if outcome.compile else None, per_shape=outcome.per_shape,
-                speedup_ci=outcome.speedup_ci, accepted=slot == accepted, regressions=slow, status=status))
+                speedup_ci=outcome.speedup_ci, accepted=slot == accepted, regressions=slow, status=status,
+                **(_versus_fields(versus) if slot == best_slot else {})))
         for record in failed:
             self._event(f"round {rnd}/{record.slot}: {record.failure}")
         return sorted([*records, *failed], key=lambda r: r.slot)
@@ -677,6 +692,24 @@ class OptimizeKernel:
 
     # ---------------------------------------------------------------------------------- evaluation
 
+    async def _versus_best(self, req: OptimizeRequest, state: RunState, rnd: int, outcome: CandidateOutcome,
+                           cand: Candidate) -> ProfileResult | None:  # fmt: skip
+        """The round's best timed head to head against the run's best (its library in the baseline's
+        place, interleaved A/B on the timed shapes); None where a library is missing."""
+        best_library = state.best_outcome.compile.library if state.best_outcome.compile else None
+        library = outcome.compile.library if outcome.compile else None
+        if best_library is None or library is None:
+            return None
+        shapes = req.package.spec.shapes[req.target]
+        request = ExecRequest(package=req.package, target=req.target, candidate_id=cand.id, library=library,
+                              shapes=req.workload or shapes.bench, dtypes=req.package.spec.dtypes,
+                              seed=req.seed * 1_000_003 + rnd, source=cand.source, baseline_library=best_library,
+                              baseline_id=state.best.id, time_cap_s=req.time_cap_s)  # fmt: skip
+        self._progress.phase = "head to head"
+        versus = await PROFILE.execute(request, **self._options(PROFILE, req, (rnd, VERSUS_SLOT)))
+        self._usage.device_seconds += versus.seconds
+        return versus
+
     async def _evaluate(self, req: OptimizeRequest, at: tuple[int, int], cand: Candidate, description: str,
                         diff: str, extra_shapes: list[Shape]) -> CandidateOutcome:
         rnd = at[0]
@@ -716,6 +749,14 @@ def _score(state: RunState, outcome: CandidateOutcome, floored: bool) -> list[st
     if ab and ab.ci_low is not None:
         outcome.speedup_ci = [ab.ci_low, ab.ci_high]
     return [f"{s.shape} {s.dtype}" for s in outcome.per_shape if s.regression()]
+
+
+def _versus_fields(versus: ProfileResult | None) -> dict:
+    """A round record's head-to-head figures (the round's best against the best), where measured."""
+    if versus is None or versus.ab is None:
+        return {}
+    ab = versus.ab
+    return {"versus_best": ab.speedup_geomean, "versus_best_ci": [ab.ci_low, ab.ci_high]}
 
 
 def _calls_in(err: ApplicationError) -> list[LLMCall]:

@@ -35,3 +35,9 @@ HOLDOUT_PATCH = "holdout-shapes"
 # candidates are built into one library that dispatches on the call's shape (kopt.dispatch), judged
 # like a candidate and kept if it beats the best (docs/decisions/0023). Older runs never had the step.
 SPECIALIZE_PATCH = "shape-specialized"
+
+# Runs started with HEAD_TO_HEAD_PATCH replace a best that is not the baseline only by beating it in one
+# interleaved A/B measurement (the round's best against the best's library; min-gain and the noise
+# floor judged on that interval: docs/decisions/0037). Older histories replay the ratio-of-ratios rule
+# (each candidate's speedup over a baseline measured at another time).
+HEAD_TO_HEAD_PATCH = "head-to-head"

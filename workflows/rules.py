@@ -83,6 +83,26 @@ def why_not_best(speedup: float, best_speedup: float, min_gain: float, is_signif
     return None
 
 
+def why_not_better_head_to_head(versus: ProfileResult | None, min_gain: float, is_significant: bool) -> str | None:
+    """Why a round's best does not replace a best that is not the baseline, judged on one interleaved
+    A/B against the best's library (`versus`, the round's best as the candidate): faster than the best by
+    more than min_gain, its interval clear of the noise floor, and still faster than the baseline beyond
+    the A/B's noise. None where it replaces the best."""
+    if versus is None or not versus.ok or versus.ab is None:
+        why = versus.reason if versus is not None and versus.reason else "no A/B against the best"
+        return f"not the new best: the head-to-head measurement against the best failed ({why})"
+    ab = versus.ab
+    if ab.speedup_geomean <= 1 + min_gain:
+        return (f"not the new best: {ab.speedup_geomean:.3f}x the best's speed head to head, not above it by "
+                f"the minimum gain ({100 * min_gain:g}%, --min-gain)")
+    if ab.verdict != "faster":
+        return (f"not the new best: head to head, its interval [{ab.ci_low:.3f}, {ab.ci_high:.3f}] does not "
+                "clear the noise floor")
+    if not is_significant:
+        return "not the new best: its A/B interval against the baseline does not clear the noise floor"
+    return None
+
+
 def bucket_gain(speedup: float, best_speedup: float, bucket_ratios: list[float], min_gain: float) -> bool:
     """A shape-specialized library replaces the best: better by min_gain overall, or no worse overall
     with one bucket better by min_gain and none worse by it (a prefill win that decode-heavy weights
