@@ -259,12 +259,19 @@ def _api_key(cfg: LLMConfig) -> str:
 
 
 def _status_detail(exc: openai.APIStatusError) -> str:
+    """The server's own words for an error status: OpenAI's {"error": {"message": ...}}, or the other
+    shapes OpenAI-compatible servers send ({"detail": ...} from FastAPI-based ones, {"message": ...},
+    {"error": "..."}), else the body itself; the client's bare "Error code: 401" only where there is none."""
     body = exc.body
+    text: object = body
     if isinstance(body, dict):
         err = body.get("error", body)
-        text = err.get("message") if isinstance(err, dict) else err
-    else:
-        text = body
+        if isinstance(err, dict):
+            text = next((err[k] for k in ("message", "detail", "msg") if err.get(k)), None) or json.dumps(err)
+        else:
+            text = err
+    if isinstance(text, (dict, list)):
+        text = json.dumps(text)
     text = str(text or exc.message or "").strip().replace("\n", " ")
     return text[:DETAIL_CHARS] or "(no detail)"
 

@@ -194,6 +194,8 @@ def _plan_from(reply: PlannerReply, req: PlanRequest) -> Plan:
     description = " ".join(reply.description.split())
     if not reply.exhausted and not description:
         problems.append("description is empty")
+    if not reply.exhausted and not reply.rationale.strip():
+        problems.append("rationale is empty: say why this change should be faster")
     if problems:
         raise ValueError("; ".join(problems))
     if len(description) > DESCRIPTION_CHARS:
@@ -242,6 +244,8 @@ async def design_tests(req: TestDesignRequest) -> tuple[TestDesign, list[LLMCall
         example=", ".join(f'"{s}": 1' for s in symbols), schema=schema_text(TestDesign))
 
     def check(design: TestDesign) -> TestDesign:
+        if not design.shapes and not design.notes.strip():  # `{"type": "object"}` parsed as a design of nothing
+            raise ValueError("the design has no shapes and no notes: propose shapes, or say in notes why none")
         return TestDesign(shapes=design.shapes[: req.max_shapes], notes=design.notes)
 
     return await chat_json(_config(req), "test_designer", messages, TestDesign, check)
@@ -259,7 +263,13 @@ async def analyze(req: AnalyzeRequest) -> tuple[Diagnosis, list[LLMCall]]:
         resource_usage=(req.compile.resource_usage.strip() if req.compile else "") or "(none)",
         device=profile.device or "unknown", copy_bandwidth=bandwidth, timings=_timings(profile),
         baseline_timings=_timings(req.baseline), schema=schema_text(Diagnosis))
-    return await chat_json(_config(req), "analyst", messages, Diagnosis)
+    return await chat_json(_config(req), "analyst", messages, Diagnosis, _usable_diagnosis)
+
+
+def _usable_diagnosis(diagnosis: Diagnosis) -> Diagnosis:
+    if not diagnosis.bottleneck.strip():
+        raise ValueError("bottleneck is empty: name what limits the kernel (memory bandwidth, launch overhead, ...)")
+    return diagnosis
 
 
 async def plan(req: PlanRequest) -> tuple[Plan, list[LLMCall]]:

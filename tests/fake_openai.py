@@ -65,6 +65,7 @@ class Status:
     code: int
     headers: dict[str, str] = field(default_factory=dict)
     message: str = "scripted error"
+    body: dict[str, Any] | None = None  # sent instead of OpenAI's error shape (other servers' bodies)
 
 
 @dataclass
@@ -165,7 +166,8 @@ class FakeOpenAI:
                     fake._stop.wait(entry.seconds)
                     self._send(500, _error("fake server: delayed reply", "server_error"))
                 elif isinstance(entry, Status):
-                    self._send(entry.code, _error(entry.message, "scripted"), entry.headers)
+                    self._send(entry.code, entry.body if entry.body is not None else _error(entry.message, "scripted"),
+                               entry.headers)
                 else:
                     if entry.delay_s:
                         fake._stop.wait(entry.delay_s)

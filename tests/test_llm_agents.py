@@ -311,6 +311,29 @@ def test_schema_error_is_sent_back(pkg, best):
     assert calls[0].error and calls[1].output["tunables"] == {"VEC": 4}
 
 
+def test_empty_replies_are_unusable_and_go_back_to_the_model(pkg, best):
+    """A test design of `{"type": "object"}` was accepted as a valid design of 0 shapes; a diagnosis with
+    an empty bottleneck and a plan without a rationale are as empty. Each goes back once, like a schema
+    error, with what is missing."""
+    profile = ProfileResult(candidate_id=best.id, ok=True, device="cpu")
+    cases = [
+        (lambda srv: roles.design_tests(TestDesignRequest(package=pkg, target="cuda", limits={"T": 64, "D": 64},
+                                                          llm=config(srv))),
+         {"type": "object"}, {"shapes": [], "notes": "the suite covers every remainder"}, "no shapes and no notes"),
+        (lambda srv: roles.analyze(AnalyzeRequest(package=pkg, target="cuda", candidate=best, profile=profile,
+                                                  baseline=profile, llm=config(srv))),
+         {"bottleneck": "  "}, {"bottleneck": "launch-bound"}, "bottleneck is empty"),
+        (lambda srv: roles.plan(plan_request(pkg, best, srv)),
+         {"description": "VEC 4", "rationale": "", "tunables": {"VEC": 4}},
+         {"description": "VEC 4", "rationale": "16-byte loads", "tunables": {"VEC": 4}}, "rationale is empty"),
+    ]  # fmt: skip
+    for call, empty, usable, said in cases:
+        with FakeOpenAI([Reply.json(empty), Reply.json(usable)]) as srv:
+            _, calls = run(call(srv))
+        assert len(srv.requests) == 2 and said in srv.requests[1].messages[-1]["content"], said
+        assert calls[0].error and calls[1].error is None
+
+
 def test_fenced_json_is_accepted_without_a_repair(pkg, best):
     text = "Here you go:\n```json\n" + json.dumps({"bottleneck": "b"}) + "\n```"
     with FakeOpenAI([Reply.raw(text)]) as srv:
@@ -382,6 +405,19 @@ def test_auth_error_is_not_retryable_and_names_the_key_setting(pkg, best, status
     assert err.type == "LLMAuthError" and err.non_retryable
     assert "KOPT_OPENAI_API_KEY_ENV" in err.message and KEY_ENV in err.message
     assert KEY not in err.message and KEY not in json.dumps(list(err.details))
+
+
+@pytest.mark.parametrize("body, said", [
+    ({"detail": "Invalid token for this deployment"}, "Invalid token for this deployment"),  # FastAPI servers
+    ({"message": "key expired"}, "key expired"),
+    ({"error": "unauthorized: no such key"}, "unauthorized: no such key"),
+    ({"error": {"code": 40101}}, '"code": 40101'),
+])  # fmt: skip
+def test_an_error_body_of_another_shape_keeps_its_detail(pkg, best, body, said):
+    """A 401 whose body is {"detail": ...} was reported as just "Error code: 401."."""
+    with FakeOpenAI([Status(401, body=body)]) as srv:
+        err = failure(roles.plan(plan_request(pkg, best, srv)))
+    assert err.type == "LLMAuthError" and said in err.message, err.message
 
 
 def test_not_found_names_the_model_and_base_url_settings(pkg, best):
