@@ -227,6 +227,7 @@ def test_good_two_round_run(temporal_server, settings, llm_env):
     names = [c.activity for c in run.view_calls()]
     assert names == ["design_tests", "compile", "test", "profile",
                      *["analyze", "plan", "code", "compile", "test", "profile"] * 2,
+                     "profile",  # round 2 against round 1's best, head to head (docs/decisions/0037)
                      "test", "profile"]  # the best on the held-out shapes, after the last round
 
     # Round 0: the test designer's valid shape is added to every test, the invalid one is rejected.
