@@ -174,6 +174,23 @@ def _timings(profile: ProfileResult | None) -> str:
     return "\n".join(lines) or "(no timings)"
 
 
+TIMING = {
+    "cpu": ("each bench shape is timed in calls interleaved with the baseline's (A/B blocks), every input new "
+            "before every call, the CPU caches left warm; one thread; the verdict is the geomean of the per-shape "
+            "ratios with a 95% interval"),
+    "cuda": ("each bench shape is timed in calls interleaved with the baseline's (A/B blocks), every input new "
+             "before every call: cold L2 (a buffer twice the L2 written before each call) with CUDA events, or, "
+             "for calls under 20 us, CUDA graphs of back-to-back calls over inputs larger than L2; the verdict is "
+             "the geomean of the per-shape ratios with a 95% interval"),
+}
+
+
+def _machine(target: str, device: str, facts: list[str]) -> str:
+    """The machine that compiles and times the code, and how it times, as the prompts show it."""
+    lines = [f"- {fact}" for fact in facts] or [f"- {device or 'unknown'} (no details reported)"]
+    return "\n".join([*lines, f"- timing: {TIMING.get(target, TIMING['cuda'])}"])
+
+
 def _plan_context(req: PlanRequest) -> dict[str, str]:
     diagnosis = getattr(req, "diagnosis", None)
     playbook = "\n".join(f"- {flag}: {why}" for flag, why in PLAYBOOK.get(req.target, [])) or "(none)"
@@ -181,7 +198,8 @@ def _plan_context(req: PlanRequest) -> dict[str, str]:
             "best_speedup": f"{req.best_speedup:.3f}", "best_flags": json.dumps(req.best.flags),
             "best_tunables": json.dumps(req.best.tunables), "best_source": req.best.source,
             "diagnosis": _diagnosis(diagnosis), "history": _history(req.history, req.earlier),
-            "playbook": playbook}
+            "playbook": playbook,
+            "machine": _machine(req.target, getattr(req, "device", ""), getattr(req, "device_facts", []))}
 
 
 # ---------------------------------------------------------------- turning replies into contracts
@@ -262,7 +280,8 @@ async def analyze(req: AnalyzeRequest) -> tuple[Diagnosis, list[LLMCall]]:
         candidate_tunables=json.dumps(req.candidate.tunables), source=req.candidate.source,
         resource_usage=(req.compile.resource_usage.strip() if req.compile else "") or "(none)",
         device=profile.device or "unknown", copy_bandwidth=bandwidth, timings=_timings(profile),
-        baseline_timings=_timings(req.baseline), schema=schema_text(Diagnosis))
+        baseline_timings=_timings(req.baseline), schema=schema_text(Diagnosis),
+        machine=_machine(req.target, profile.device, profile.device_facts))
     return await chat_json(_config(req), "analyst", messages, Diagnosis, _usable_diagnosis)
 
 
@@ -286,7 +305,8 @@ async def code(req: CodeRequest) -> tuple[CodeResult, list[LLMCall]]:
         "coder", **_kernel(spec, req.target), toolchain=req.toolchain, round=req.plan.round,
         description=req.plan.description, rationale=req.plan.rationale, plan_tunables=json.dumps(req.plan.tunables),
         plan_flags=json.dumps(req.plan.flags), source=req.base.source,
-        diagnosis=f"\n{_diagnosis(diagnosis)}\n" if diagnosis else "", schema=schema_text(CoderReply))
+        diagnosis=f"\n{_diagnosis(diagnosis)}\n" if diagnosis else "", schema=schema_text(CoderReply),
+        machine=_machine(req.target, getattr(req, "device", ""), getattr(req, "device_facts", [])))
 
     def check(reply: CoderReply) -> CodeResult:
         return _result(req, req.base, req.plan, _source_from(reply.source, spec, req.plan, req.base))

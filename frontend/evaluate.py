@@ -170,6 +170,7 @@ def _take_test(verdict: Verdict, tested: TestResult) -> None:
 def _take_profile(verdict: Verdict, profiled: ProfileResult) -> None:
     verdict.device = profiled.device or verdict.device
     verdict.copy_bandwidth_gbs = profiled.copy_bandwidth_gbs
+    verdict.device_facts = profiled.device_facts
     verdict.notes += profiled.notes
     verdict.flags = profiled.flags
     if not profiled.ok:

@@ -6,6 +6,7 @@ separate parts that time differently: H100 SXM, PCIe and NVL are different class
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -49,6 +50,36 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown cpu"
+
+
+# Instruction-set extensions a CPU kernel's author chooses code paths by (the /proc/cpuinfo flag names).
+CPU_ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+                 "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "neon", "asimd", "sve")
+
+
+def cpu_facts() -> list[str]:
+    """What a CPU kernel's author needs to know of this machine, one fact a line: the model, the
+    instruction-set extensions (of CPU_ISA_FLAGS), the cores, and cpu0's caches."""
+    facts = [f"CPU: {cpu_name()}"]
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        info = ""
+    flags = next((line.partition(":")[2].split() for line in info.splitlines()
+                  if line.split(":")[0].strip() in ("flags", "Features")), [])  # fmt: skip
+    have = [f for f in CPU_ISA_FLAGS if f in flags]
+    facts.append(f"instruction sets: {' '.join(have) if have else '(none of ' + ' '.join(CPU_ISA_FLAGS) + ')'}")
+    facts.append(f"cores available to the process: {len(os.sched_getaffinity(0))}; single-threaded kernels only")
+    caches = []
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / n).read_text().strip() for n in ("level", "type", "size"))
+        except OSError:
+            continue
+        caches.append(f"L{level} {kind.lower()} {size}")
+    if caches:
+        facts.append("caches (per core or shared, cpu0's view): " + ", ".join(caches))
+    return facts
 
 
 # Datasheet peak memory bandwidth, GB/s, by GPU class (the physical limit: a cold-L2 result implying

@@ -163,11 +163,38 @@ def main(argv: list[str] | None = None) -> None:
     result.seconds = time.monotonic() - start
     if not result.device:
         result.device = _device_name(job)
+    if job is not None and job.mode != "test" and not result.device_facts:
+        result.device_facts = _device_facts(job)
     channel.send("result", result.model_dump_json())
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: library destructors and CUDA shutdown of a broken context may crash.
     os._exit(0)
+
+
+def _device_facts(job: HarnessJob) -> list[str]:
+    """The timing machine's facts for the agents (gpu_worker/device.py for the CPU; the CUDA device's
+    properties as torch reads them); an empty list where they cannot be read."""
+    try:
+        if job.target == "cpu":
+            from gpu_worker.device import cpu_facts
+
+            return cpu_facts()
+        import torch
+
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        facts = [f"GPU: {p.name}, compute capability {p.major}.{p.minor}, {p.multi_processor_count} SMs, "
+                 f"{p.total_memory >> 30} GiB"]  # fmt: skip
+        l2 = getattr(p, "L2_cache_size", 0)
+        smem = getattr(p, "shared_memory_per_block_optin", 0) or getattr(p, "shared_memory_per_block", 0)
+        smem_sm = getattr(p, "shared_memory_per_multiprocessor", 0)
+        regs = getattr(p, "regs_per_multiprocessor", 0)
+        threads = getattr(p, "max_threads_per_multi_processor", 0)
+        facts.append(f"L2 {l2 >> 20} MiB; shared memory {smem >> 10} KiB per block (opt-in), {smem_sm >> 10} KiB "
+                     f"per SM; {regs} registers and {threads} threads per SM; warp {getattr(p, 'warp_size', 32)}")
+        return facts
+    except Exception:  # noqa: BLE001 - facts are a courtesy to the agents, never a failure
+        return []
 
 
 def _device_name(job: HarnessJob) -> str:

@@ -253,15 +253,20 @@ class AnalyzeRequest(BaseModel):
 
 
 class AgentPlanRequest(PlanRequest):
-    """PlanRequest plus what the LLM planner can use; a plain PlanRequest is accepted too."""
+    """PlanRequest plus what the LLM planner can use; a plain PlanRequest is accepted too. `device` and
+    `device_facts`: the machine that timed the baseline (its ProfileResult), as the prompts show it."""
 
     llm: LLMConfig | None = None
     diagnosis: Diagnosis | None = None
+    device: str = ""
+    device_facts: list[str] = Field(default_factory=list)
 
 
 class AgentCodeRequest(CodeRequest):
     llm: LLMConfig | None = None
     diagnosis: Diagnosis | None = None
+    device: str = ""
+    device_facts: list[str] = Field(default_factory=list)
 
 
 class RepairRequest(AgentCodeRequest):

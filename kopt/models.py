@@ -467,6 +467,9 @@ class ProfileResult(BaseModel):
     notes: list[str] = Field(default_factory=list)
     reused_from: str | None = None  # the candidate these library bytes were timed as earlier in the run
     failed_party: FailedParty | None = None  # whose code failed, where the harness knows it
+    # What the machine that timed it is, one fact a line (gpu_worker/device.py: instruction sets, cores,
+    # caches; compute capability, SMs, L2, shared memory, registers): the agents' prompts show them.
+    device_facts: list[str] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------- workflow

@@ -50,6 +50,7 @@ class Verdict(BaseModel):
     verdict: str | None = None  # the A/B's: faster, slower or same
     device: str | None = None
     copy_bandwidth_gbs: float | None = None
+    device_facts: list[str] = Field(default_factory=list)  # the timing machine (ProfileResult.device_facts)
     notes: list[str] = Field(default_factory=list)
     seconds: dict[str, float] = Field(default_factory=dict)  # per step: build, test, profile, total
     compiler_flags: list[str] = Field(default_factory=list)

@@ -92,3 +92,10 @@ def test_an_entry_point_the_libraries_do_not_export_points_at_kernel_toml(tmp_pa
     code, out, _ = run(pkg / "kernel.cpp", kernel_dir=pkg)
     reason = json.loads(out)["reason"]
     assert code == exits.FAILED and "exports no 'kopt_scale3', the entry point kernel.toml's `entry` names" in reason
+
+
+def test_the_verdict_names_the_facts_of_the_machine_that_timed_it():
+    """The same facts the agents' prompts show (issue #27): instruction sets, cores, caches."""
+    code, out, _ = run(SCALE2 / "kernel.cpp")
+    facts = json.loads(out)["device_facts"]
+    assert code == exits.OK and facts[0].startswith("CPU: ") and any(f.startswith("instruction sets: ") for f in facts)

@@ -222,6 +222,10 @@ def test_good_two_round_run(temporal_server, settings, llm_env):
     check_common(run, srv)
     assert run.error is None and run.result.status == "completed" and run.result.stop_reason is None
     assert [role_of(r) for r in srv.requests] == ["test_designer", *["analyst", "planner", "coder"] * 2]
+    # The facts of the machine that timed the baseline, from its worker, in every analyst, planner and
+    # coder prompt (issue #27): the instruction sets, the cores, and how timing runs.
+    for r in srv.requests[1:]:
+        assert "instruction sets: " in r.text and "cores available" in r.text and "timing: each bench shape" in r.text
 
     # Activities in order, each on its queue.
     names = [c.activity for c in run.view_calls()]

@@ -574,7 +574,7 @@ class OptimizeKernel:
         plan_req = AgentPlanRequest(package=req.package, target=req.target, round=rnd, best=state.best,
                                     best_speedup=state.best_summary.speedup_geomean, history=recent,
                                     earlier=earlier, provider=self._provider(req, PLAN), seed=req.seed,
-                                    llm=self._llm(req, rnd), diagnosis=diagnosis)
+                                    llm=self._llm(req, rnd), diagnosis=diagnosis, **_device(state))
         if req.single_agent:
             self._progress.phase = "single_agent"
             try:
@@ -597,7 +597,7 @@ class OptimizeKernel:
             coded = await self._agent(
                 CODE, AgentCodeRequest(package=req.package, target=req.target, toolchain=req.toolchain,
                                          plan=planned.plan, base=state.best, provider=self._provider(req, CODE),
-                                         llm=self._llm(req, rnd), diagnosis=diagnosis), req, at)
+                                         llm=self._llm(req, rnd), diagnosis=diagnosis, **_device(state)), req, at)
         except BadReply as bad:
             return str(bad)
         self._usage.add_calls(coded.calls)
@@ -749,6 +749,12 @@ def _score(state: RunState, outcome: CandidateOutcome, floored: bool) -> list[st
     if ab and ab.ci_low is not None:
         outcome.speedup_ci = [ab.ci_low, ab.ci_high]
     return [f"{s.shape} {s.dtype}" for s in outcome.per_shape if s.regression()]
+
+
+def _device(state: RunState) -> dict:
+    """The machine that timed the baseline, for the agents' requests (empty before it is timed)."""
+    profile = state.baseline.profile if state.baseline is not None else None
+    return {"device": profile.device, "device_facts": profile.device_facts} if profile is not None else {}
 
 
 def _versus_fields(versus: ProfileResult | None) -> dict:
