@@ -144,9 +144,13 @@ def _history(history: list[RoundRecord], earlier: HistoryDigest | None = None) -
             verdict = "compiled" if h.compiled else "did not compile"
         if getattr(h, "accepted", False):
             verdict += " (became the best)"
+        if getattr(h, "versus_best", None) is not None:
+            lo, hi = h.versus_best_ci or (h.versus_best, h.versus_best)
+            verdict += f" (head to head against the best then: {h.versus_best:.3f}x [{lo:.3f}, {hi:.3f}])"
         per_shape = getattr(h, "per_shape", None) or []
-        if per_shape:
-            verdict += " [" + ", ".join(f"{p.shape} {p.dtype} {p.speedup:.2f}x" for p in per_shape) + "]"
+        if per_shape:  # absolute times too: a ratio alone hides a baseline measured faster or slower
+            verdict += " [" + ", ".join(f"{p.shape} {p.dtype} {p.speedup:.2f}x ({p.candidate_us:.1f} us vs baseline "
+                                        f"{p.baseline_us:.1f} us)" for p in per_shape) + "]"  # fmt: skip
         lines.append(f"- round {h.round}: {h.description} | tunables {json.dumps(h.tunables)} | "
                      f"flags {json.dumps(h.flags)} | {verdict}")
     return "\n".join(lines)

@@ -54,6 +54,7 @@ from kopt.models import (
     ProfileResult,
     RoundRecord,
     Shape,
+    ShapeSpeedup,
     ShapeTiming,
 )
 from kopt.package import load_spec, read_tunables
@@ -187,7 +188,12 @@ def test_analyze(pkg, best):
 def test_plan_uses_history_and_diagnosis(pkg, best):
     history = [RoundRecord(round=1, candidate_id="c1", description="BLOCKS_PER_ROW 1 -> 2", tunables=best.tunables,
                            flags=best.flags, compiled=True, correct=False,
-                           failure="wrong result: T=3,D=13 max_abs_err 0.5")]
+                           failure="wrong result: T=3,D=13 max_abs_err 0.5"),
+               RoundRecord(round=2, candidate_id="c2", description="VEC 4", tunables=best.tunables, flags=best.flags,
+                           compiled=True, correct=True, speedup_geomean=1.2, versus_best=0.98,
+                           versus_best_ci=[0.96, 1.0],
+                           per_shape=[ShapeSpeedup(shape="T=512,D=14336", dtype="bfloat16", baseline_us=30.0,
+                                                   candidate_us=25.0, speedup=1.2)])]  # fmt: skip
     diagnosis = Diagnosis(bottleneck="launch-bound at T=512", evidence=["4.1 us of 25 us is launch"])
     answer = {"description": "THREADS 256 -> 512 with fast math", "rationale": "fewer blocks; cheaper exp",
               "tunables": {"THREADS": 512}, "flags": ["-O3", "--use_fast_math"]}
@@ -197,6 +203,8 @@ def test_plan_uses_history_and_diagnosis(pkg, best):
                         tunables={**best.tunables, "THREADS": 512}, flags=["-O3", "--use_fast_math"])
     prompt = srv.requests[0].text
     assert "max_abs_err 0.5" in prompt and "launch-bound at T=512" in prompt and "1.070x" in prompt
+    assert "(25.0 us vs baseline 30.0 us)" in prompt  # absolute times, not ratios alone
+    assert "head to head against the best then: 0.980x [0.960, 1.000]" in prompt
     assert "--ptxas-options=-dlcm=cg" in prompt  # the playbook is offered as hints
     assert calls[0].role == "planner" and calls[0].output["tunables"] == {"THREADS": 512}
 
