@@ -312,3 +312,29 @@ def test_a_new_best_beats_the_best_head_to_head_whatever_its_ratio_to_a_drifting
     versus = {r.round: r.versus_best for r in result.rounds}
     assert versus == {1: None, 2: 1.10, 3: 0.97, 4: 1.03}
     assert result.best.candidate_id == "cand-r2-s0" and result.best.speedup_geomean == 1.15  # the figure users read
+
+
+def test_a_run_stopped_by_a_budget_skips_the_held_out_step_with_a_note(temporal_server, tmp_path):
+    """A run stopped by its wall-time budget went on to judge the best on the held-out shapes and ran
+    past the budget (issue #28: still running at 176 s of 140). The held-out step is skipped, as the
+    shape-specialized one was, and says why; nothing more is timed."""
+    from kopt.models import Shape
+    from kopt.run_models import Budgets
+
+    script = Script({(1, 0): (1.20, "faster", 1.21)})
+    calls = []
+    acts = script.activities()
+    test_fn, profile_fn = acts["exec"]
+
+    @activity.defn(name=PROFILE.name)
+    async def counted_profile(req: ExecRequest) -> ProfileResult:
+        calls.append([s.label for s in req.shapes])
+        return await profile_fn(req)
+
+    script.activities = lambda: {**acts, "exec": [test_fn, counted_profile]}
+    held = [Shape(dims={"N": 77})]
+    result = asyncio.run(_run(temporal_server.address, tmp_path / "home", script, rounds=3, slots=1,
+                              holdout_shapes=held, budgets=Budgets(max_gpu_seconds=0.015)))  # fmt: skip
+    assert result.stop_reason.startswith("device-time budget reached") and result.rounds == []
+    assert result.holdout is not None and result.holdout.reason == f"skipped: {result.stop_reason}"
+    assert ["N=77"] not in calls and len(calls) == 1  # the baseline's profile only

@@ -83,9 +83,9 @@ with workflow.unsafe.imports_passed_through():
     )
     from kopt.search_attributes import BEST_KEY, KERNEL_KEY, ROUND_KEY
     from workflows import judging, rules
-    from workflows.patches import (ACTIVITY_IDS_PATCH, COMPACT_HISTORY_PATCH, HEAD_TO_HEAD_PATCH, HOLDOUT_PATCH,
-                                   LLM_FAULTS_PATCH, NOISE_FLOOR_PATCH, SHAPE_GUARD_PATCH,
-                                   SPECIALIZE_PATCH)  # fmt: skip
+    from workflows.patches import (ACTIVITY_IDS_PATCH, BUDGET_HOLDOUT_PATCH, COMPACT_HISTORY_PATCH,
+                                   HEAD_TO_HEAD_PATCH, HOLDOUT_PATCH, LLM_FAULTS_PATCH, NOISE_FLOOR_PATCH,
+                                   SHAPE_GUARD_PATCH, SPECIALIZE_PATCH)  # fmt: skip
     from workflows.rules import Stop, StopKind, geomean, significant, speedups
 
 BAD_REPLIES_BEFORE_FALLBACK = 3  # consecutive unusable replies of one role, then its offline stand-in
@@ -249,7 +249,14 @@ class OptimizeKernel:
                 specialized = await self._specialize(req, state, dispatch)
         holdout = None
         if req.holdout_shapes and workflow.patched(HOLDOUT_PATCH):
-            holdout = await self._holdout(req, state)
+            if stop_reason and stop_kind == "budget" and workflow.patched(BUDGET_HOLDOUT_PATCH):
+                labels = [s.label for s in req.holdout_shapes]
+                holdout = HoldoutResult(candidate_id=state.best.id, shapes=labels, correct=False,
+                                        reason=f"skipped: {stop_reason}",
+                                        search_speedup=state.best_summary.speedup_geomean)  # fmt: skip
+                self._event(f"held-out shapes {'; '.join(labels)}: skipped, {stop_reason}")
+            else:
+                holdout = await self._holdout(req, state)
         self._progress.phase = "done"
         return OptimizeResult(kernel=spec.name, target=req.target, gpu_class=req.gpu_class, status="completed",
                               baseline=state.baseline, rounds=state.rounds, best=state.best_summary,

@@ -41,3 +41,8 @@ SPECIALIZE_PATCH = "shape-specialized"
 # floor judged on that interval: docs/decisions/0037). Older histories replay the ratio-of-ratios rule
 # (each candidate's speedup over a baseline measured at another time).
 HEAD_TO_HEAD_PATCH = "head-to-head"
+
+# Runs started with BUDGET_HOLDOUT_PATCH skip the held-out step, as the shape-specialized one always
+# was, when the search stopped because a budget (wall time, device time, cost, tokens) ran out: the
+# budget bounds the whole run, not the search alone (issue #28). Older histories replay the step.
+BUDGET_HOLDOUT_PATCH = "budget-skips-holdout"
