@@ -61,8 +61,8 @@ with workflow.unsafe.imports_passed_through():
         CompileRequest,
         ExecRequest,
         Plan,
-        RoundRecord,
         ProfileResult,
+        RoundRecord,
         RoundStatus,
         Shape,
     )
