@@ -285,6 +285,7 @@ async def analyze(req: AnalyzeRequest) -> tuple[Diagnosis, list[LLMCall]]:
         resource_usage=(req.compile.resource_usage.strip() if req.compile else "") or "(none)",
         device=profile.device or "unknown", copy_bandwidth=bandwidth, timings=_timings(profile),
         baseline_timings=_timings(req.baseline), schema=schema_text(Diagnosis),
+        history=_history(getattr(req, "history", [])),
         machine=_machine(req.target, profile.device, profile.device_facts))
     return await chat_json(_config(req), "analyst", messages, Diagnosis, _usable_diagnosis)
 

@@ -24,6 +24,7 @@ from kopt.models import (
     Plan,
     PlanRequest,
     ProfileResult,
+    RoundRecord,
     Shape,
     Target,
 )
@@ -250,6 +251,9 @@ class AnalyzeRequest(BaseModel):
     profile: ProfileResult
     baseline: ProfileResult | None = None
     llm: LLMConfig | None = None
+    # What the run tried since the best (the analyst saw only the best, and asked the same again): the
+    # most recent round records, failures with their reasons included.
+    history: list[RoundRecord] = Field(default_factory=list)
 
 
 class AgentPlanRequest(PlanRequest):

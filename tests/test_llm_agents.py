@@ -182,7 +182,20 @@ def test_analyze(pkg, best):
     assert diagnosis == Diagnosis(**answer)
     prompt = srv.requests[0].text
     assert ptxas in prompt and "62.5% SOL" in prompt and "3000 GB/s" in prompt and "H100" in prompt
+    assert "(none yet: this is the first round)" in prompt  # no rounds to show yet
     assert calls[0].role == "analyst"
+
+
+def test_the_analyst_sees_what_was_rejected_since_the_best(pkg, best):
+    """The analyst saw only the best and repeated its previous request word for word (issue #27)."""
+    profile = ProfileResult(candidate_id=best.id, ok=True, device="cpu")
+    history = [RoundRecord(round=4, candidate_id="c4", description="THREADS 512", tunables={}, flags=[],
+                           compiled=True, correct=False, failure="wrong result: T=3,D=13 float16: out: mismatch")]
+    with FakeOpenAI([Reply.json({"bottleneck": "memory-bound"})]) as srv:
+        run(roles.analyze(AnalyzeRequest(package=pkg, target="cuda", candidate=best, profile=profile,
+                                         baseline=profile, llm=config(srv), history=history)))  # fmt: skip
+    prompt = srv.requests[0].text
+    assert "round 4: THREADS 512" in prompt and "FAILED: wrong result: T=3,D=13 float16: out: mismatch" in prompt
 
 
 def test_plan_uses_history_and_diagnosis(pkg, best):

@@ -92,6 +92,7 @@ BAD_REPLIES_BEFORE_FALLBACK = 3  # consecutive unusable replies of one role, the
 OFFLINE_FALLBACK = (PLAN.name, CODE.name)  # roles with an offline stand-in (the others are skipped instead)
 R = TypeVar("R")
 MAX_EVENTS = 200
+ANALYST_HISTORY = 8  # the most recent round records the analyst sees
 HOLDOUT_ROUND = -1  # the (round, slot) the held-out calls' activity ids name (runs since HOLDOUT_PATCH)
 VERSUS_SLOT = -1  # the slot the head-to-head profile's activity id names (its round's; not a candidate's)
 SPECIALIZE_ROUND = -2  # likewise for the shape-specialized step (runs since SPECIALIZE_PATCH)
@@ -562,7 +563,8 @@ class OptimizeKernel:
             out = await self._agent(
                 ANALYZE, AnalyzeRequest(package=req.package, target=req.target, candidate=state.best,
                                           compile=best.compile, profile=best.profile,
-                                          baseline=state.baseline.profile, llm=self._llm(req, rnd)),
+                                          baseline=state.baseline.profile, llm=self._llm(req, rnd),
+                                          history=state.rounds[-ANALYST_HISTORY:]),
                 req, (rnd, 0))
         except BadReply as bad:
             self._event(f"no diagnosis this round ({bad})")
