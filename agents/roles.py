@@ -30,11 +30,13 @@ from kopt.agent_models import (
 from kopt.candidates import candidate_id, unified_diff
 from kopt.flags import check_flags  # noqa: F401 - the allow-list; re-exported for callers
 from kopt.models import (
+    DEFAULT_TOLERANCES,
     Candidate,
     CodeRequest,
     CodeResult,
     HistoryDigest,
     KernelSpec,
+    PackageRef,
     Plan,
     PlanRequest,
     ProfileResult,
@@ -195,6 +197,14 @@ def _machine(target: str, device: str, facts: list[str]) -> str:
     return "\n".join([*lines, f"- timing: {TIMING.get(target, TIMING['cuda'])}"])
 
 
+def _semantics(package: PackageRef) -> dict[str, str]:
+    """What a candidate's outputs are checked against: reference.py, and the tolerance per dtype."""
+    tols = {**DEFAULT_TOLERANCES, **package.spec.tolerances}
+    return {"reference": package.reference_source.strip() or "(not given)",
+            "tolerances": "; ".join(f"{d}: atol {tols[d].atol:g}, rtol {tols[d].rtol:g}" for d in package.spec.dtypes
+                                    if d in tols)}  # fmt: skip
+
+
 def _plan_context(req: PlanRequest) -> dict[str, str]:
     diagnosis = getattr(req, "diagnosis", None)
     playbook = "\n".join(f"- {flag}: {why}" for flag, why in PLAYBOOK.get(req.target, [])) or "(none)"
@@ -202,7 +212,7 @@ def _plan_context(req: PlanRequest) -> dict[str, str]:
             "best_speedup": f"{req.best_speedup:.3f}", "best_flags": json.dumps(req.best.flags),
             "best_tunables": json.dumps(req.best.tunables), "best_source": req.best.source,
             "diagnosis": _diagnosis(diagnosis), "history": _history(req.history, req.earlier),
-            "playbook": playbook,
+            "playbook": playbook, **_semantics(req.package),
             "machine": _machine(req.target, getattr(req, "device", ""), getattr(req, "device_facts", []))}
 
 
@@ -311,7 +321,8 @@ async def code(req: CodeRequest) -> tuple[CodeResult, list[LLMCall]]:
         description=req.plan.description, rationale=req.plan.rationale, plan_tunables=json.dumps(req.plan.tunables),
         plan_flags=json.dumps(req.plan.flags), source=req.base.source,
         diagnosis=f"\n{_diagnosis(diagnosis)}\n" if diagnosis else "", schema=schema_text(CoderReply),
-        machine=_machine(req.target, getattr(req, "device", ""), getattr(req, "device_facts", [])))
+        machine=_machine(req.target, getattr(req, "device", ""), getattr(req, "device_facts", [])),
+        **_semantics(req.package))
 
     def check(reply: CoderReply) -> CodeResult:
         return _result(req, req.base, req.plan, _source_from(reply.source, spec, req.plan, req.base))

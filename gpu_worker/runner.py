@@ -27,18 +27,12 @@ from gpu_worker.device import cpu_name
 from gpu_worker.protocol import PROGRESS_PREFIX, HarnessJob, host_death, new_key
 from gpu_worker.sandbox import FSIZE_LIMIT, SIGSYS_REASON
 from gpu_worker.spawn import HEARTBEAT_S, Heartbeat, Outcome  # noqa: F401 - HEARTBEAT_S: tests tune it
-from kopt.models import ExecRequest, KernelSpec, Partial, ProfileResult, TestResult, Tolerance
+from kopt.models import DEFAULT_TOLERANCES, ExecRequest, KernelSpec, Partial, ProfileResult, TestResult, Tolerance
 from kopt.redact import redact, redact_lines
 
 __all__ = ["DEFAULT_TOLERANCES", "HarnessJob", "PROGRESS_PREFIX", "run_harness", "run_profile", "run_test",
            "static_check"]
 
-# docs/measurement.md (correctness 1) defaults when a package is silent about a dtype.
-DEFAULT_TOLERANCES: dict[str, Tolerance] = {
-    "float32": Tolerance(rtol=1.3e-6, atol=1e-5),
-    "float16": Tolerance(rtol=1e-3, atol=1e-3),
-    "bfloat16": Tolerance(rtol=1.6e-2, atol=1e-3),
-}
 TAIL_BYTES = spawn.TAIL_BYTES
 LOCATE_TIMEOUT_S = 120.0  # each job of locate_fault
 OnPartial = Callable[[Partial], None]

@@ -53,6 +53,13 @@ class Tolerance(BaseModel):
     atol: float
 
 
+# docs/measurement.md (correctness 1) defaults when a package is silent about a dtype.
+DEFAULT_TOLERANCES: dict[str, Tolerance] = {
+    "float32": Tolerance(rtol=1.3e-6, atol=1e-5),
+    "float16": Tolerance(rtol=1e-3, atol=1e-3),
+    "bfloat16": Tolerance(rtol=1.6e-2, atol=1e-3),
+}
+
 class Tunable(BaseModel):
     name: str
     target: Target
@@ -134,6 +141,7 @@ class PackageRef(BaseModel):
     spec: KernelSpec
     files: ArtifactRef  # tar of the package folder (reference.py, sources, kernel.toml)
     baseline_sources: dict[Target, str]  # baseline source text, inline for audit
+    reference_source: str = ""  # reference.py, inline: the semantics every candidate is checked against
 
 
 # ---------------------------------------------------------------- candidates and agents

@@ -226,6 +226,9 @@ def test_good_two_round_run(temporal_server, settings, llm_env):
     # coder prompt (issue #27): the instruction sets, the cores, and how timing runs.
     for r in srv.requests[1:]:
         assert "instruction sets: " in r.text and "cores available" in r.text and "timing: each bench shape" in r.text
+    for r in srv.requests:  # the reference's semantics and the tolerances: what the outputs must match
+        if role_of(r) in ("planner", "coder"):
+            assert "def reference(inputs)" in r.text and "float32: atol 1e-05, rtol 1.3e-06" in r.text, r.text[-800:]
 
     # Activities in order, each on its queue.
     names = [c.activity for c in run.view_calls()]
