@@ -197,10 +197,10 @@ def _machine(target: str, device: str, facts: list[str]) -> str:
     return "\n".join([*lines, f"- timing: {TIMING.get(target, TIMING['cuda'])}"])
 
 
-def _semantics(package: PackageRef) -> dict[str, str]:
+def _semantics(package: PackageRef, reference: str) -> dict[str, str]:
     """What a candidate's outputs are checked against: reference.py, and the tolerance per dtype."""
     tols = {**DEFAULT_TOLERANCES, **package.spec.tolerances}
-    return {"reference": package.reference_source.strip() or "(not given)",
+    return {"reference": reference.strip() or "(not given)",
             "tolerances": "; ".join(f"{d}: atol {tols[d].atol:g}, rtol {tols[d].rtol:g}" for d in package.spec.dtypes
                                     if d in tols)}  # fmt: skip
 
@@ -212,7 +212,7 @@ def _plan_context(req: PlanRequest) -> dict[str, str]:
             "best_speedup": f"{req.best_speedup:.3f}", "best_flags": json.dumps(req.best.flags),
             "best_tunables": json.dumps(req.best.tunables), "best_source": req.best.source,
             "diagnosis": _diagnosis(diagnosis), "history": _history(req.history, req.earlier),
-            "playbook": playbook, **_semantics(req.package),
+            "playbook": playbook, **_semantics(req.package, getattr(req, "reference_source", "")),
             "machine": _machine(req.target, getattr(req, "device", ""), getattr(req, "device_facts", []))}
 
 
@@ -322,7 +322,7 @@ async def code(req: CodeRequest) -> tuple[CodeResult, list[LLMCall]]:
         plan_flags=json.dumps(req.plan.flags), source=req.base.source,
         diagnosis=f"\n{_diagnosis(diagnosis)}\n" if diagnosis else "", schema=schema_text(CoderReply),
         machine=_machine(req.target, getattr(req, "device", ""), getattr(req, "device_facts", [])),
-        **_semantics(req.package))
+        **_semantics(req.package, getattr(req, "reference_source", "")))
 
     def check(reply: CoderReply) -> CodeResult:
         return _result(req, req.base, req.plan, _source_from(reply.source, spec, req.plan, req.base))

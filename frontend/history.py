@@ -40,6 +40,7 @@ class RoundView(BaseModel):
     compile: CompileResult | None = None
     test: TestResult | None = None
     profile: ProfileResult | None = None
+    versus: ProfileResult | None = None  # timed head to head against the run's best (docs/decisions/0037)
     diagnosis: Diagnosis | None = None
     llm_calls: list[LLMCall] = Field(default_factory=list)  # every prompt and response of the round
     calls: list[ActivityCall] = Field(default_factory=list)
@@ -124,10 +125,14 @@ def rounds_by_id(calls: list[ActivityCall], segment: int) -> list[RoundView]:
     of a round goes to every slot of that round."""
     views: dict[tuple[int, int], RoundView] = {}
     diagnoses: dict[int, tuple[Diagnosis | None, list[LLMCall]]] = {}
+    versus: list[ActivityCall] = []  # head-to-head profiles (slot -1): they go to their candidate's view
     for call in calls:
         rnd, slot = call.at
-        if rnd < 0 or slot < 0:  # the held-out judgement after the last round (OptimizeResult.holdout), or a
-            continue  # round's head-to-head profile against the best (in its RoundRecord): not a candidate
+        if rnd < 0:  # the held-out judgement after the last round: OptimizeResult.holdout, not a round
+            continue
+        if slot < 0:
+            versus.append(call)
+            continue
         out = call.result
         done = list(getattr(out, "calls", []) or [])  # earlier failed attempts' calls included
         llm = [*[c for c in call.failed_llm_calls if c not in done], *done]
@@ -148,6 +153,12 @@ def rounds_by_id(calls: list[ActivityCall], segment: int) -> list[RoundView]:
             if view.candidate_id is None:  # the baseline's own calls
                 compiled = call.activity == COMPILE.name
                 view.candidate_id = call.input.candidate.id if compiled else call.input.candidate_id
+    for call in versus:
+        view = next((v for (r, _), v in views.items() if r == call.at[0] and v.candidate_id == call.input.candidate_id),
+                    None)  # fmt: skip
+        if view is not None:
+            view.calls.append(call)
+            view.versus = call.result
     for (rnd, slot), view in views.items():
         if rnd in diagnoses:
             view.diagnosis = diagnoses[rnd][0]

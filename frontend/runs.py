@@ -63,12 +63,12 @@ def prepare_request(kernel_dir: Path, target: str, gpu_class: str | None, rounds
     store = ArtifactStore(settings.artifacts)
     reference = Path(kernel_dir) / "reference.py"
     package = PackageRef(spec=spec, files=store.put_tree(Path(kernel_dir)),
-                         baseline_sources={t: (Path(kernel_dir) / spec.sources[t]).read_text() for t in spec.targets},
-                         reference_source=reference.read_text() if reference.is_file() else "")  # fmt: skip
+                         baseline_sources={t: (Path(kernel_dir) / spec.sources[t]).read_text() for t in spec.targets})
     baseline = Candidate(id=candidate_id(source, flags, toolchain.name), source=source, flags=flags,
                          tunables=tunables, origin="baseline")
     return OptimizeRequest(package=package, target=target, gpu_class=gpu_class, toolchain=toolchain.name,
-                           baseline=baseline, rounds=rounds, provider=provider, seed=seed)
+                           baseline=baseline, rounds=rounds, provider=provider, seed=seed,
+                           reference_source=reference.read_text() if reference.is_file() else "")
 
 
 def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> OptimizeRequest:

@@ -264,6 +264,7 @@ class AgentPlanRequest(PlanRequest):
     diagnosis: Diagnosis | None = None
     device: str = ""
     device_facts: list[str] = Field(default_factory=list)
+    reference_source: str = ""  # the package's reference.py (OptimizeRequest.reference_source)
 
 
 class AgentCodeRequest(CodeRequest):
@@ -271,6 +272,7 @@ class AgentCodeRequest(CodeRequest):
     diagnosis: Diagnosis | None = None
     device: str = ""
     device_facts: list[str] = Field(default_factory=list)
+    reference_source: str = ""
 
 
 class RepairRequest(AgentCodeRequest):

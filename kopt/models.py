@@ -141,7 +141,6 @@ class PackageRef(BaseModel):
     spec: KernelSpec
     files: ArtifactRef  # tar of the package folder (reference.py, sources, kernel.toml)
     baseline_sources: dict[Target, str]  # baseline source text, inline for audit
-    reference_source: str = ""  # reference.py, inline: the semantics every candidate is checked against
 
 
 # ---------------------------------------------------------------- candidates and agents

@@ -129,6 +129,7 @@ class ResumePoint(BaseModel):
 
 class OptimizeRequest(BaseModel):
     package: PackageRef
+    reference_source: str = ""  # the package's reference.py, for the planner's and coder's prompts
     target: Target
     gpu_class: str | None = None  # for target cuda
     toolchain: str

@@ -82,5 +82,5 @@ def test_cancel_kills_running_kernel(temporal_server, tmp_path):
     (pkg / "kernel.cpp").write_text(SPIN)
     killed_after, status = asyncio.run(_run(temporal_server, tmp_path / "home", pkg))
     print(f"\nharness child gone {killed_after:.1f} s after `kopt cancel`")
-    assert killed_after < 10
+    assert killed_after < 15  # a heartbeat (4 s) and the kill; 11.2 s once on the 2-core CI VM under the parallel phase
     assert status == [WorkflowExecutionStatus.CANCELED]

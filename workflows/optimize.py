@@ -583,7 +583,8 @@ class OptimizeKernel:
         plan_req = AgentPlanRequest(package=req.package, target=req.target, round=rnd, best=state.best,
                                     best_speedup=state.best_summary.speedup_geomean, history=recent,
                                     earlier=earlier, provider=self._provider(req, PLAN), seed=req.seed,
-                                    llm=self._llm(req, rnd), diagnosis=diagnosis, **_device(state))
+                                    llm=self._llm(req, rnd), diagnosis=diagnosis, reference_source=req.reference_source,
+                                    **_device(state))
         if req.single_agent:
             self._progress.phase = "single_agent"
             try:
@@ -606,7 +607,8 @@ class OptimizeKernel:
             coded = await self._agent(
                 CODE, AgentCodeRequest(package=req.package, target=req.target, toolchain=req.toolchain,
                                          plan=planned.plan, base=state.best, provider=self._provider(req, CODE),
-                                         llm=self._llm(req, rnd), diagnosis=diagnosis, **_device(state)), req, at)
+                                         llm=self._llm(req, rnd), diagnosis=diagnosis, **_device(state),
+                                         reference_source=req.reference_source), req, at)
         except BadReply as bad:
             return str(bad)
         self._usage.add_calls(coded.calls)
