@@ -205,6 +205,13 @@ def _semantics(package: PackageRef, reference: str) -> dict[str, str]:
                                     if d in tols)}  # fmt: skip
 
 
+def _from_the_worker(req: PlanRequest | CodeRequest) -> dict[str, str]:
+    """The prompt values the workflow carries from the workers into a plan or code request: the
+    timing machine, reference.py and the tolerances (absent from a plain PlanRequest or CodeRequest)."""
+    return {"machine": _machine(req.target, getattr(req, "device", ""), getattr(req, "device_facts", [])),
+            **_semantics(req.package, getattr(req, "reference_source", ""))}
+
+
 def _plan_context(req: PlanRequest) -> dict[str, str]:
     diagnosis = getattr(req, "diagnosis", None)
     playbook = "\n".join(f"- {flag}: {why}" for flag, why in PLAYBOOK.get(req.target, [])) or "(none)"
@@ -212,8 +219,7 @@ def _plan_context(req: PlanRequest) -> dict[str, str]:
             "best_speedup": f"{req.best_speedup:.3f}", "best_flags": json.dumps(req.best.flags),
             "best_tunables": json.dumps(req.best.tunables), "best_source": req.best.source,
             "diagnosis": _diagnosis(diagnosis), "history": _history(req.history, req.earlier),
-            "playbook": playbook, **_semantics(req.package, getattr(req, "reference_source", "")),
-            "machine": _machine(req.target, getattr(req, "device", ""), getattr(req, "device_facts", []))}
+            "playbook": playbook, **_from_the_worker(req)}
 
 
 # ---------------------------------------------------------------- turning replies into contracts
@@ -321,8 +327,7 @@ async def code(req: CodeRequest) -> tuple[CodeResult, list[LLMCall]]:
         description=req.plan.description, rationale=req.plan.rationale, plan_tunables=json.dumps(req.plan.tunables),
         plan_flags=json.dumps(req.plan.flags), source=req.base.source,
         diagnosis=f"\n{_diagnosis(diagnosis)}\n" if diagnosis else "", schema=schema_text(CoderReply),
-        machine=_machine(req.target, getattr(req, "device", ""), getattr(req, "device_facts", [])),
-        **_semantics(req.package, getattr(req, "reference_source", "")))
+        **_from_the_worker(req))
 
     def check(reply: CoderReply) -> CodeResult:
         return _result(req, req.base, req.plan, _source_from(reply.source, spec, req.plan, req.base))

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         return exits.FAILED
     except KeyboardInterrupt:
         how = signal.Signals(received[-1]).name if received else "interrupted"
-        ended = getattr(args, "ended", {}).get("code")
+        ended = getattr(args, "finished", {}).get("code")
         if ended is not None:  # after the run's last word (its report): the run's own exit code
             print(f"kopt: {how} after the run ended (workers stopped with this process)", file=sys.stderr)
             return ended
@@ -301,16 +301,16 @@ async def _cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     req = prepare_request(args.kernel_dir, args.target, args.gpu_class, args.rounds, args.provider, args.seed,
                           settings)
     req = apply_run_options(req, args, settings)
-    args.ended = {}
+    args.finished = {}
     return await run_optimization(req, args.kernel_dir, args.report_dir, settings, rerun=args.rerun,
-                                  finished=args.ended)
+                                  finished=args.finished)
 
 
 async def _cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     from frontend.runs import run_optimization
 
-    args.ended = {}
-    return await run_optimization(None, None, args.report_dir, settings, resume=args.run, finished=args.ended)
+    args.finished = {}
+    return await run_optimization(None, None, args.report_dir, settings, resume=args.run, finished=args.finished)
 
 
 async def _cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:

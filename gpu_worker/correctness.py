@@ -40,6 +40,7 @@ class GroupOutcome:
 # What a failed variant's label means, in the reason (a bare "x100" said nothing to a package's author).
 VARIANT_GLOSS = {f"x{scale:g}": f" (every float input scaled by {scale:g})" for scale in plan.SCALES}
 
+
 def special_differs(ctx: Context, dtype: str) -> bool:
     """Whether make_inputs(special=True) plants anything: at the shape the planted inputs go to (the
     job's smallest, a row or two, had nothing to plant in), its inputs differ from the same seed's

@@ -166,8 +166,9 @@ def aligned_large_shape(spec: KernelSpec, ranges: dict[str, tuple[int, int]], bu
                         rng: random.Random) -> dict[str, int] | None:  # fmt: skip
     """A large shape as a served model makes it, tall and wide at once: each symbol kernel.toml [sizes]
     lists at one of its sizes (seeded, among the larger half of those that leave room for a batch of
-    ALIGNED_MIN_BATCH, multiples of ALIGNED_BATCH where there are such), the others (the batch) grown to fill the budget in multiples of ALIGNED_BATCH
-    (a kernel wrong only on an aligned prefill above some size: red team, 2026-11-26)."""
+    ALIGNED_MIN_BATCH, multiples of ALIGNED_BATCH where there are such), the others (the batch) grown
+    to fill the budget in multiples of ALIGNED_BATCH (a kernel wrong only on an aligned prefill above
+    some size: red team, 2026-11-26)."""
     syms = list(ranges)
     sized = [s for s in syms if spec.sizes.get(s)]
     free = [s for s in syms if s not in sized]

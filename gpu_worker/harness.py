@@ -144,20 +144,18 @@ def main(argv: list[str] | None = None) -> None:
         from gpu_worker.context import cuda_error
 
         where = f" (during {channel.step})" if channel.step else ""
-        if isinstance(exc, (KernelFailure, PackageFault)):
-            reason = f"{exc}{where}"
+        party = None  # a Python error of the harness itself: nobody's kernel
+        if isinstance(exc, KernelFailure):
+            reason, party = f"{exc}{where}", exc.party
+        elif isinstance(exc, PackageFault):
+            reason, party = f"{exc}{where}", "package"
         elif "CUDA error" in str(exc) or "CUDA" in type(exc).__name__:
-            reason = f"candidate: {cuda_error(exc)}{where}"
+            reason, party = f"candidate: {cuda_error(exc)}{where}", "candidate"
         else:
             traceback.print_exc()
             reason = f"{type(exc).__name__}: {exc}{where}"
         result = failed(job, reason)
-        if isinstance(exc, KernelFailure):
-            result.failed_party = exc.party
-        elif isinstance(exc, PackageFault):
-            result.failed_party = "package"
-        elif reason.startswith("candidate: "):
-            result.failed_party = "candidate"
+        result.failed_party = party
         if isinstance(exc, KernelFailure) and exc.memory_fault and job.mode == "test":
             result.fault_group = exc.group
     result.seconds = time.monotonic() - start

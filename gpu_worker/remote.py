@@ -445,7 +445,6 @@ class Hosts:
             self.begin_shape()
             out = take()
             why = self.check_clock_shape(kernel, baseline)
-            self.begin_shape()
             if why is None:
                 return out
             if attempt < SHAPE_RETAKES:
