@@ -100,12 +100,13 @@ async def judge(kernel_dir: Path, spec: KernelSpec, target: str, tc: Toolchain, 
     with tempfile.TemporaryDirectory(prefix="kopt-evaluate-") as tmp:
         progress(f"building baseline and candidate with {tc.name}")
         base_build, cand_build = await asyncio.gather(
-            build(tc, base_source, Path(tmp) / "baseline", package_flags),
-            build(tc, source, Path(tmp) / "candidate", cand_flags),
+            build(tc, base_source, Path(tmp) / "baseline", package_flags,
+                  shown_as=str(baseline or source_path(kernel_dir, spec, target))),
+            build(tc, source, Path(tmp) / "candidate", cand_flags, shown_as=str(candidate)),
         )
         verdict.seconds["build"] = round(max(base_build.seconds, cand_build.seconds), 3)
         if not base_build.ok:
-            verdict.reason = f"the baseline does not compile: {judging.compile_error(base_build.log)}"
+            verdict.reason = f"baseline failed: compile error: {judging.compile_error(base_build.log)}"
             return Judgement(verdict, baseline_broken=True)
         compiled = CompileResult(candidate_id=candidate.stem, ok=cand_build.ok, seconds=cand_build.seconds,
                                  log_tail=cand_build.log, library=_NO_ARTIFACT if cand_build.ok else None)  # fmt: skip
@@ -126,6 +127,9 @@ async def judge(kernel_dir: Path, spec: KernelSpec, target: str, tc: Toolchain, 
             result = await run(request(shapes_kind), cand_lib, kernel_dir, spec, baseline=base_lib)
             verdict.seconds[name] = round(result.seconds, 3)
             take(verdict, result)
+            if isinstance(result, TestResult) and result.baseline_reason:  # as a run fails at round 0
+                result = result.model_copy(update={"correct": False, "reason": result.baseline_reason,
+                                                   "failed_party": "baseline"})  # fmt: skip
             return result
 
         steps = await judging.judge(
@@ -136,6 +140,10 @@ async def judge(kernel_dir: Path, spec: KernelSpec, target: str, tc: Toolchain, 
                          _take_profile),
         )  # fmt: skip
     verdict.reason = steps.failure()
+    if steps.tested is not None and steps.tested.baseline_reason:
+        # The baseline, loaded beside the candidate, took a check and failed it: the words `kopt optimize`
+        # ends a run with at round 0, where the same baseline is tested alone.
+        verdict.reason = f"baseline failed: {verdict.reason}"
     verdict.correct = verdict.reason is None
     return Judgement(verdict, steps, baseline_broken=steps.failed_party in ("baseline", "package"))
 

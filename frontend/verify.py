@@ -40,7 +40,7 @@ DEFAULT_MAX_SLOWDOWN = SHAPE_SLOWDOWN_LIMIT  # the optimizer's per-shape guard u
 def decide(judged: Judgement, max_slowdown: float) -> tuple[int, str]:
     v = judged.verdict
     if judged.baseline_broken:
-        return exits.INFRA, f"the baseline itself fails: {v.reason}"
+        return exits.INFRA, f"the baseline itself fails: {(v.reason or '').removeprefix('baseline failed: ')}"
     if not v.correct:
         return exits.FAILED, f"rejected: {v.reason}"
     slow = v.regressions(max_slowdown)

@@ -34,6 +34,9 @@ class GroupOutcome:
     cand: ErrorsByOutput = field(default_factory=errors_by_output)
     base: ErrorsByOutput = field(default_factory=errors_by_output)
     base_ok: bool = True
+    # How the baseline failed a call it took (not one it refused), where it is held to the reference
+    # (NEEDS_BASELINE variants hold a candidate to its baseline instead).
+    base_failure: str | None = None
     bound: float | None = None
 
 
@@ -78,7 +81,7 @@ def run_test(ctx: Context) -> TestResult:
         groups = [g for g in groups if g.key == job.only_group]
     checks: list[ShapeCheck] = []
     variant_checks: list[ShapeCheck] = []
-    reason = None
+    reason = baseline_reason = None
     resumed = 0
     for group in groups:
         done = ctx.resumed.get(f"test {group.key}")
@@ -115,6 +118,8 @@ def run_test(ctx: Context) -> TestResult:
             ctx.report(Partial(key=f"test {group.key}", check=check))
         if out.message and reason is None:
             reason = f"{group.key}{VARIANT_GLOSS.get(group.variant, '')}: {out.message}"
+        if out.base_failure and baseline_reason is None:
+            baseline_reason = f"{group.key}{VARIANT_GLOSS.get(group.variant, '')}: {out.base_failure}"
         if group.declared and not out.base_ok and ctx.baseline is not None:
             ctx.notes.append(f"{group.key}: the baseline itself fails this declared case; no calibration")
     ctx.sync_device()  # surface asynchronous launch errors as failures of this job
@@ -125,7 +130,7 @@ def run_test(ctx: Context) -> TestResult:
     return TestResult(
         candidate_id=job.candidate_id, correct=reason is None, reason=reason, checks=checks,
         variant_checks=variant_checks, device=ctx.device_name, notes=list(ctx.notes),
-        failed_party="candidate" if reason is not None and checks else None,
+        failed_party="candidate" if reason is not None and checks else None, baseline_reason=baseline_reason,
     )  # fmt: skip
 
 
@@ -180,6 +185,8 @@ def run_group(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> Gro
             base_msg = base_msg or check_inputs(base_case)
             if base_msg:
                 out.base_ok = False
+                if base_rc not in UNSUPPORTED and group.variant not in plan.NEEDS_BASELINE:
+                    out.base_failure = base_msg
                 # A baseline that refuses the call (a layout or shape it does not take) leaves the variant
                 # to a candidate that refuses it too; one that takes it must compute it right.
                 if not group.declared and (base_rc not in UNSUPPORTED or rc in UNSUPPORTED):
@@ -354,6 +361,7 @@ def run_sequence(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> 
         if msg:
             out.base_ok = False
             if not msg.startswith("UNSUPPORTED "):
+                out.base_failure = msg if group.variant not in plan.NEEDS_BASELINE else None
                 out.skipped = f"skipped: the baseline fails it too ({msg})"
                 return out
             may_refuse = True  # refused: a candidate that takes the call is checked

@@ -389,6 +389,11 @@ class TestResult(BaseModel):
     # illegal address): the runner then names the argument it went through (gpu_worker/runner.py).
     fault_group: str | None = None
     failed_party: FailedParty | None = None  # whose code failed, where the harness knows it
+    # With a baseline loaded beside the candidate: the first check at which the baseline took the call and
+    # failed it (as a failed check reads). Not the candidate's fault (that check is skipped for it), but
+    # the package's baseline disagreeing with its reference: `kopt evaluate` / `verify` fail on it as a
+    # run fails at round 0 (a newcomer's float32 LayerNorm under the x100 variant, #29).
+    baseline_reason: str | None = None
 
 
 class ShapeTiming(BaseModel):

@@ -63,6 +63,12 @@ def test_optimize_cpu_writes_report(tmp_path):
     rendered = browser_image_widths(html)
     if rendered is not None:  # a headless Chromium here: every chart really renders
         assert len(rendered) == len(images) and all(w > 300 for w in rendered), rendered
+    # `export --format md` is the report (as report.md has it), then the history (#29 item 11).
+    exported = kopt(["export", report["run_id"], "--format", "md"], home, timeout=120)
+    assert exported.returncode == 0, exported.stderr
+    text = exported.stdout
+    assert text.startswith("# kopt report: silu_and_mul (cpu)") and "geomean speedup" in text, text[:400]
+    assert "\n## History\n\n```\n" in text and f"best: {best['candidate_id']}" in text
 
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -148,6 +154,26 @@ def test_broken_baseline_fails_without_report(tmp_path, broken, reason):
     run = last.split()[2].rstrip(":")
     status = kopt(["status", run], tmp_path / "home")
     assert f"run {run}: baseline failed" in status.stdout, status.stdout
+
+
+@pytest.mark.slow
+def test_evaluate_and_optimize_agree_on_a_baseline_that_misses_its_reference(tmp_path):
+    """#29: a float32 LayerNorm as a newcomer writes it (naive sums) misses the default tolerance under the
+    x100 variant. `kopt evaluate` said "correct (2 not applicable)", exit 0, where `kopt optimize` failed at
+    round 0: both now fail, and both name the variant, what it is, and the setting to change."""
+    package = REPO / "tests" / "fixtures" / "layernorm"
+    evaluated = kopt(["evaluate", str(package), "--candidate", str(package / "kernel.cpp"), "--time-cap", "0.05"],
+                     tmp_path / "home")  # fmt: skip
+    assert evaluated.returncode == 1, (evaluated.stdout, evaluated.stderr)
+    verdict = next(line for line in evaluated.stdout.splitlines() if line.startswith("REJECTED: "))
+    ran = kopt(["optimize", str(package), "--rounds", "1", *QUICK, "--report-dir", str(tmp_path / "report")],
+               tmp_path / "home")  # fmt: skip
+    assert ran.returncode == 1, (ran.stdout, ran.stderr)
+    failed = next(line for line in ran.stdout.splitlines() if "baseline failed: " in line)
+    for line in (verdict, failed):
+        assert "baseline failed: wrong result: " in line, line
+        assert "x100 (every float input scaled by 100): out: " in line, line
+        assert "kernel.toml [tolerances.float32] sets them" in line, line
 
 
 def test_time_cap_bounds_the_sampling_of_every_shape(tmp_path):
