@@ -3,7 +3,7 @@
 The kernel runs in an isolated child process (gpu_worker.runner); a crash, hang or wrong result
 comes back as data, and the worker keeps serving. Results are cached by content (library, request,
 device, harness version), so a retried activity or a replayed workflow never pays twice for
-device time. While a job runs, each finished piece (a check group, a timed shape) is heartbeated,
+device time (within the run: a new run measures afresh). While a job runs, each finished piece (a check group, a timed shape) is heartbeated,
 so a retry after a lost worker resumes after it instead of running it again.
 
 Within one run (one workflow id), library bytes that were already judged under the same conditions
@@ -105,7 +105,9 @@ class ExecActivities:
         tmp.replace(path)
 
     async def _run(self, mode: str, req: ExecRequest, result_type: type[BaseModel], run) -> BaseModel:
-        cached = self.cache_dir / f"{self._cache_key(mode, req)}.json"
+        # Keyed by the run too: a retry or a replay within the run never pays twice, and a new run (a
+        # --rerun, a nightly re-verification) measures afresh instead of repeating old figures in silence.
+        cached = self.cache_dir / f"{self._cache_key(mode, req, run=activity.info().workflow_id)}.json"
         if cached.is_file():
             log.info("exec_cache_hit", mode=mode, candidate=req.candidate_id)
             return result_type.model_validate_json(cached.read_text())

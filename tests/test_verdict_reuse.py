@@ -106,3 +106,16 @@ def test_nothing_is_reused_across_runs_or_judging_conditions(setup, tmp_path):
     no_baseline = _judge(setup, tmp_path, "test", _request(setup, "d", seed=4, baseline_library=None, baseline_id=None))
     assert [r.reused_from for r in (other_run, other_dtypes, no_baseline)] == [None, None, None]
     assert [c for _, c in _executions(tmp_path)] == ["a", "b", "c", "d"]
+
+
+def test_a_new_run_measures_afresh_and_a_retry_in_the_run_does_not(setup, tmp_path):
+    """#29 item 5 / #28 item 6: a fresh run in the same home (a --rerun, a nightly re-verification) with the
+    same request repeated the earlier run's figures exactly, from the content cache, and said nothing; the
+    same activity again in the same run (a retry, a replay) still costs no device time."""
+    req = _request(setup, "same", seed=5)
+    first = _judge(setup, tmp_path, "profile", req)
+    again_in_run = _judge(setup, tmp_path, "profile", req)
+    other_run = _judge(setup, tmp_path, "profile", req, run="run-b")
+    assert first.ok and other_run.ok and again_in_run == first
+    assert _executions(tmp_path) == [("profile", "same"), ("profile", "same")]  # run-a once, run-b once
+    assert other_run.timings != first.timings  # measured again: other samples
