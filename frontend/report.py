@@ -126,13 +126,17 @@ def holdout_lines(h: HoldoutResult | None) -> list[str]:
     if not h:
         return []
     lines = ["", f"## Held-out shapes ({'; '.join(h.shapes)})", ""]
+    new = [r for r in h.regressions if r not in h.foretold]
     if h.overfit:
         why = (h.reason if not h.correct else
-               f"slower than the baseline at {', '.join(h.regressions)}" if h.regressions
+               f"slower than the baseline at {', '.join(new)}" if new
                else "slower than the baseline over the held-out shapes")  # fmt: skip
         lines += [f"**OVERFIT: the best wins on the search shapes but is {why}.**", ""]
     elif not h.correct or h.speedup_geomean is None:
         lines += [f"{h.reason}", ""]
+    if h.foretold:
+        lines += [f"Slower than the baseline at {', '.join(h.foretold)}, in a dtype where the search shapes already "
+                  "showed the best slower (not an overfit: see the per-shape table above).", ""]
     if h.speedup_geomean is not None:
         ci = f" (95% CI {h.speedup_ci[0]:.3f}-{h.speedup_ci[1]:.3f})" if h.speedup_ci else ""
         search = f"{h.search_speedup:.3f}x" if h.search_speedup is not None else "-"

@@ -239,8 +239,9 @@ async def run_optimization(req: OptimizeRequest | None, kernel_dir: Path | None,
         if h is not None:
             shown = (f"{h.speedup_geomean:.3f}x ({h.verdict})" if h.speedup_geomean is not None
                      else h.reason or ("correct" if h.correct else "not correct"))  # fmt: skip
-            say(f"held-out shapes {'; '.join(h.shapes)}: {shown}" + (" -- OVERFIT (report: Held-out shapes)"
-                                                                       if h.overfit else ""))
+            say(f"held-out shapes {'; '.join(h.shapes)}: {shown}"
+                + (" -- OVERFIT (report: Held-out shapes)" if h.overfit else "")
+                + (f" -- slower at {', '.join(h.foretold)}, as on the search shapes" if h.foretold else ""))
         say(f"report: {target_dir / 'report.json'} and report.md")
         finished["code"] = exits.FAILED if result.llm_stopped else exits.OK
         if result.llm_stopped:  # the report holds the best so far; the reason needs a person

@@ -189,6 +189,9 @@ class HoldoutResult(BaseModel):
     search_speedup: float | None = None  # the best's geomean on the search shapes, for comparison
     overfit: bool = False  # wins on the search shapes, wrong or not faster on the held-out ones
     regressions: list[str] = Field(default_factory=list)  # held-out (shape, dtype) slower than the baseline
+    # Of those, the ones in a dtype the best was already slower at on the search shapes: no overfit
+    # (rules.held_out_overfit). Runs recorded before the field counted them as overfit.
+    foretold: list[str] = Field(default_factory=list)
 
 
 class SpecializedResult(BaseModel):

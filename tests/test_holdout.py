@@ -88,3 +88,17 @@ def test_a_best_that_loses_on_held_out_shapes_is_flagged_overfit(temporal_server
     assert report.holdout.overfit
     text = render_markdown(report, "kernel.cpp")
     assert "## Held-out shapes (N=8192)" in text and "OVERFIT" in text and "slower than the baseline at N=8192" in text
+
+
+def test_the_report_tells_a_foretold_held_out_regression_from_an_overfit():
+    from frontend.report import holdout_lines
+    from kopt.run_models import HoldoutResult
+
+    h = HoldoutResult(candidate_id="c", shapes=["T=51,D=1375"], correct=True, regressions=["T=51,D=1375 float16"],
+                      foretold=["T=51,D=1375 float16"], speedup_geomean=0.95, verdict="slower")  # fmt: skip
+    text = "\n".join(holdout_lines(h))
+    assert "OVERFIT" not in text and "Slower than the baseline at T=51,D=1375 float16" in text
+    h = h.model_copy(update={"overfit": True, "regressions": ["T=51,D=1375 float16", "T=51,D=1375 float32"]})
+    text = "\n".join(holdout_lines(h))
+    assert "**OVERFIT: the best wins on the search shapes but is slower than the baseline at T=51,D=1375 float32.**" \
+        in text and "Slower than the baseline at T=51,D=1375 float16, in a dtype" in text

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kopt.models import EVALUATING, ABResult, ProfileResult, RoundRecord, ShapeAB, ShapeTiming
+from kopt.models import EVALUATING, ABResult, ProfileResult, RoundRecord, ShapeAB, ShapeSpeedup, ShapeTiming
 from kopt.run_models import Budgets, Usage
 from workflows import rules
 
@@ -142,3 +142,24 @@ def _versus(speedup: float, verdict: str) -> ProfileResult:
 def test_a_best_is_replaced_only_by_beating_it_head_to_head(versus, significant, says):
     why = rules.why_not_better_head_to_head(versus, 0.05, significant)
     assert why == says if says is None else (why is not None and says in why), why
+
+
+def _shape(shape: str, dtype: str, speedup: float, ci: tuple[float, float]) -> ShapeSpeedup:
+    return ShapeSpeedup(shape=shape, dtype=dtype, baseline_us=100.0, candidate_us=100.0 / speedup, speedup=speedup,
+                        ci_low=ci[0], ci_high=ci[1])  # fmt: skip
+
+
+def test_a_held_out_regression_the_search_shapes_foretold_is_not_an_overfit():
+    """#29: the best was 0.965x at float16 on the search shapes (kept inside the noise floor); a held-out
+    float16 shape slower than the baseline is no news about held-out shapes. A float32 one is."""
+    search = [_shape("T=4096,D=1024", "float16", 0.965, (0.95, 0.98)),
+              _shape("T=4096,D=1024", "float32", 1.40, (1.35, 1.45))]  # fmt: skip
+    slow16 = _shape("T=51,D=1375", "float16", 0.90, (0.88, 0.92))
+    slow32 = _shape("T=51,D=1375", "float32", 0.90, (0.88, 0.92))
+    fine = _shape("T=7,D=99", "float32", 1.2, (1.1, 1.3))
+    assert rules.held_out_overfit([slow16, fine], True, search) == (False, [], ["T=51,D=1375 float16"])
+    assert rules.held_out_overfit([slow16, slow32], True, search) == (
+        True, ["T=51,D=1375 float32"], ["T=51,D=1375 float16"])
+    # Slower over all the held-out shapes with no one shape beyond the limit: an overfit, as before.
+    assert rules.held_out_overfit([fine], True, search[1:]) == (True, [], [])
+    assert rules.held_out_overfit([fine], False, search) == (False, [], [])

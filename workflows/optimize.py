@@ -86,7 +86,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.patches import (ACTIVITY_IDS_PATCH, BUDGET_HOLDOUT_PATCH, COMPACT_HISTORY_PATCH,
                                    HEAD_TO_HEAD_PATCH, HOLDOUT_PATCH, LLM_FAULTS_PATCH, NOISE_FLOOR_PATCH,
                                    SHAPE_GUARD_PATCH, SPECIALIZE_PATCH)  # fmt: skip
-    from workflows.rules import Stop, StopKind, geomean, significant, speedups
+    from workflows.rules import Stop, StopKind, geomean, held_out_overfit, significant, speedups
 
 BAD_REPLIES_BEFORE_FALLBACK = 3  # consecutive unusable replies of one role, then its offline stand-in
 OFFLINE_FALLBACK = (PLAN.name, CODE.name)  # roles with an offline stand-in (the others are skipped instead)
@@ -310,12 +310,14 @@ class OptimizeKernel:
         result.per_shape = speedups(profiled, profiled, self._floored)
         result.speedup_geomean, result.verdict = ab.speedup_geomean, ab.verdict
         result.speedup_ci = [ab.ci_low, ab.ci_high] if ab.ci_low is not None else None
-        result.regressions = [f"{s.shape} {s.dtype}" for s in result.per_shape if s.regression()]
-        result.overfit = ab.verdict == "slower" or bool(result.regressions)
+        result.overfit, new, result.foretold = held_out_overfit(result.per_shape, ab.verdict == "slower",
+                                                                summary.per_shape)  # fmt: skip
+        result.regressions = new + result.foretold
         ci = f" [{ab.ci_low:.3f}, {ab.ci_high:.3f}]" if ab.ci_low is not None else ""
+        foretold = f"; slower at {', '.join(result.foretold)} as on the search shapes" if result.foretold else ""
         self._event(f"held-out: {ab.speedup_geomean:.3f}x{ci} ({ab.verdict}) against {summary.speedup_geomean:.3f}x "
-                    f"on the search shapes" + (f"; OVERFIT: slower at {', '.join(result.regressions)}"
-                                               if result.regressions else "; OVERFIT" if result.overfit else ""))
+                    f"on the search shapes" + (f"; OVERFIT: slower at {', '.join(new)}" if new
+                                               else "; OVERFIT" if result.overfit else "") + foretold)
         return result
 
     async def _specialize(self, req: OptimizeRequest, state: RunState, dispatch) -> SpecializedResult:

@@ -113,6 +113,22 @@ def bucket_gain(speedup: float, best_speedup: float, bucket_ratios: list[float],
             and min(bucket_ratios, default=1.0) * (1 + min_gain) >= 1)  # fmt: skip
 
 
+def held_out_overfit(held_out: list[ShapeSpeedup], slower_overall: bool,
+                     search: list[ShapeSpeedup]) -> tuple[bool, list[str], list[str]]:  # fmt: skip
+    """Whether the best overfits the search shapes: it won there and loses on held-out ones. Returns
+    (overfit, the held-out shapes slower than the baseline that the search shapes did not foretell, those
+    it did). A held-out regression in a dtype where the best was already slower than the baseline on a
+    search shape (accepted inside the noise floor, 0.965x at float16 say) is no news about the held-out
+    shapes: it is listed as foretold, not as an overfit. `slower_overall`: the held-out A/B's verdict over
+    all of them; it means an overfit unless every regression was foretold."""
+    slower_dtypes = {s.dtype for s in search if s.speedup < 1.0}
+    regressions = [s for s in held_out if s.regression()]
+    new = [f"{s.shape} {s.dtype}" for s in regressions if s.dtype not in slower_dtypes]
+    foretold = [f"{s.shape} {s.dtype}" for s in regressions if s.dtype in slower_dtypes]
+    overfit = bool(new) or (slower_overall and not foretold)
+    return overfit, new, foretold
+
+
 def stop_reason(budgets: Budgets, usage: Usage, elapsed_s: float | None, patience: int | None,
                 rounds_since_improvement: int, llm_stop: str | None = None) -> Stop | None:  # fmt: skip
     """Why the run stops before its next round, or None. The order is the order of the checks."""
