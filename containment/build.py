@@ -205,9 +205,12 @@ def compiler_jail(tc: Toolchain, workdir: Path) -> jail.JailSpec:
                          address_space_mb=COMPILER_MEMORY_MB, processes=COMPILER_PROCESSES, file_size_mb=512)  # fmt: skip
 
 
-async def build(tc: Toolchain, source_text: str, workdir: Path, flags: list[str], timeout_s: float = 300) -> BuildOutput:
+async def build(tc: Toolchain, source_text: str, workdir: Path, flags: list[str], timeout_s: float = 300,
+                shown_as: str | None = None) -> BuildOutput:  # fmt: skip
     """Write the source into workdir and compile it to workdir/kernel.so, in the compiler's jail.
-    Flags off the allow-list and sources that would read files at compile time never reach it."""
+    Flags off the allow-list and sources that would read files at compile time never reach it. The log
+    names the source `shown_as` (the user's file; by default its bare name), not the build directory's
+    copy a person cannot open."""
     workdir.mkdir(parents=True, exist_ok=True)
     src = workdir / ("kernel.cu" if tc.target == "cuda" else "kernel.cpp")
     out = workdir / "kernel.so"
@@ -238,7 +241,7 @@ async def build(tc: Toolchain, source_text: str, workdir: Path, flags: list[str]
         kill_group(proc.pid)
         raise
     seconds = time.monotonic() - start
-    log = redact(log)
+    log = redact(log.replace(str(src), shown_as or src.name))
     usage = "\n".join(line for line in log.splitlines() if "ptxas info" in line)
     return BuildOutput(ok=ok, seconds=seconds, log=log, command=cmd, resource_usage=usage)
 

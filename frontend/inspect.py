@@ -266,7 +266,7 @@ def export(view: RunView, fmt: str) -> str:
         return view.model_dump_json(indent=2)
     text = history_text(view, full=True)
     if fmt == "md":
-        return f"# kopt run {view.workflow_id}\n\n```\n{text}\n```\n"
+        return _markdown(view, text)
     if fmt == "html":
         figures = "".join(f"<figure><img alt='{html.escape(name)}' src='data:image/png;base64,"
                           f"{base64.b64encode(png).decode()}'><figcaption>{html.escape(name)}</figcaption></figure>"
@@ -275,6 +275,20 @@ def export(view: RunView, fmt: str) -> str:
                 f"</title></head><body><h1>kopt run {html.escape(view.workflow_id)}</h1>{figures}"
                 f"<pre>{html.escape(text)}</pre></body></html>\n")
     raise UsageError(f"unknown export format {fmt!r}; use json, md or html")
+
+
+def _markdown(view: RunView, history: str) -> str:
+    """The run's report as `kopt optimize` writes report.md (for a finished run), then its full history;
+    a run without a result yet has the history alone, headed so."""
+    from frontend.report import build_report, render_markdown
+
+    fence = f"```\n{history}\n```\n"
+    if view.result is None or view.request is None:
+        return f"# kopt run {view.workflow_id} ({view.status}: no report yet)\n\n## History\n\n{fence}"
+    req = view.request
+    report = build_report(view.workflow_id, view.run_ids[-1] if view.run_ids else "", req, view.result, None)
+    source = Path(req.package.spec.sources.get(req.target, "kernel")).name
+    return f"{render_markdown(report, source)}\n## History\n\n{fence}"
 
 
 def view_charts(view: RunView) -> dict[str, bytes]:
