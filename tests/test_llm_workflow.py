@@ -241,16 +241,16 @@ def test_good_two_round_run(temporal_server, settings, llm_env):
     zero = run.view.rounds[0]
     design_out = zero.calls[0].result
     assert [s.dims for s in design_out.review.accepted] == [{"N": 7}]
-    assert len(design_out.review.rejected) == 1 and "N=0 is outside [1, 1000]" in design_out.review.rejected[0]
+    assert len(design_out.review.rejected) == 1 and "N=0 is outside [1, 100]" in design_out.review.rejected[0]
     *tests, held_out = [c for c in run.view_calls() if c.activity == "test"]
     for t in tests:
         labels = [s.dims for s in t.input.shapes]
-        assert labels == [{"N": 1}, {"N": 1000}, {"N": 7}], labels
+        assert labels == [{"N": 1}, {"N": 100}, {"N": 7}], labels
     assert held_out.input.shapes == run.req.holdout_shapes and len(run.req.holdout_shapes) == 2
     (designer,) = zero.llm_calls
     assert designer.role == "test_designer" and matches_wire(designer, srv.requests[0])
     assert designer.response_text == json.dumps(DESIGN)
-    assert '{"N": 1000}' in designer.messages[1].content and "#define REPEAT 16" in designer.messages[1].content
+    assert '{"N": 100}' in designer.messages[1].content and "#define REPEAT 16" in designer.messages[1].content
 
     # Rounds 1 and 2: analyst, planner, coder; prompts as sent, responses as received.
     assert [r.round for r in run.view.rounds] == [0, 1, 2]
