@@ -36,7 +36,7 @@ class BuildActivities:
         if cached.is_file():
             result = CompileResult.model_validate_json(cached.read_text())
             if result.library is None or (self.store.root / result.library.sha256[:2] / result.library.sha256).is_file():
-                return result
+                return self._described(req, result)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         workdir = Path(tempfile.mkdtemp(prefix=f"build-{req.candidate.id}-", dir=self.work_dir))
         try:
@@ -54,4 +54,10 @@ class BuildActivities:
         log.info("compiled", candidate=req.candidate.id, ok=out.ok, seconds=result.seconds)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         cached.write_text(result.model_dump_json())
-        return result
+        return self._described(req, result)
+
+    def _described(self, req: CompileRequest, result: CompileResult) -> CompileResult:
+        """The result with this worker's toolchain facts where the request asks for them."""
+        if not req.describe_toolchain:
+            return result
+        return result.model_copy(update={"toolchain_facts": build.toolchain_facts(self.toolchain)})

@@ -191,10 +191,11 @@ TIMING = {
 }
 
 
-def _machine(target: str, device: str, facts: list[str]) -> str:
-    """The machine that compiles and times the code, and how it times, as the prompts show it."""
+def _machine(target: str, device: str, facts: list[str], toolchain: list[str] | None = None) -> str:
+    """The machine that compiles and times the code, how it times, and the toolchain that builds it
+    (where the worker reported it), as the prompts show it."""
     lines = [f"- {fact}" for fact in facts] or [f"- {device or 'unknown'} (no details reported)"]
-    return "\n".join([*lines, f"- timing: {TIMING.get(target, TIMING['cuda'])}"])
+    return "\n".join([*lines, f"- timing: {TIMING.get(target, TIMING['cuda'])}", *(f"- {t}" for t in toolchain or [])])
 
 
 def _semantics(package: PackageRef, reference: str) -> dict[str, str]:
@@ -208,7 +209,8 @@ def _semantics(package: PackageRef, reference: str) -> dict[str, str]:
 def _from_the_worker(req: PlanRequest | CodeRequest) -> dict[str, str]:
     """The prompt values the workflow carries from the workers into a plan or code request: the
     timing machine, reference.py and the tolerances (absent from a plain PlanRequest or CodeRequest)."""
-    return {"machine": _machine(req.target, getattr(req, "device", ""), getattr(req, "device_facts", [])),
+    return {"machine": _machine(req.target, getattr(req, "device", ""), getattr(req, "device_facts", []),
+                                getattr(req, "toolchain_facts", [])),
             **_semantics(req.package, getattr(req, "reference_source", ""))}
 
 
@@ -302,7 +304,7 @@ async def analyze(req: AnalyzeRequest) -> tuple[Diagnosis, list[LLMCall]]:
         device=profile.device or "unknown", copy_bandwidth=bandwidth, timings=_timings(profile),
         baseline_timings=_timings(req.baseline), schema=schema_text(Diagnosis),
         history=_history(getattr(req, "history", [])),
-        machine=_machine(req.target, profile.device, profile.device_facts))
+        machine=_machine(req.target, profile.device, profile.device_facts, getattr(req, "toolchain_facts", [])))
     return await chat_json(_config(req), "analyst", messages, Diagnosis, _usable_diagnosis)
 
 

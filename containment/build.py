@@ -18,7 +18,7 @@ from pathlib import Path
 import kernels
 from containment import jail
 from containment.procs import kill_group
-from kopt.flags import check_flags
+from kopt.flags import check_flags, flag_summary
 from kopt.models import Target
 from kopt.redact import redact
 
@@ -26,24 +26,24 @@ KERNELS_INCLUDE = Path(kernels.__file__).resolve().parent  # kopt_abi.h ships in
 CUDA_ARCH = ["-gencode=arch=compute_90a,code=sm_90a"]  # H100/H200; no PTX embedded
 
 
-ALLOWED_INCLUDES = {
-    "kopt_abi.h",
-    "kopt_cpu_half.h",
-    "kopt_cuda.h",
-    # CUDA device-side headers
+KOPT_INCLUDES = {"kopt_abi.h", "kopt_cpu_half.h", "kopt_cuda.h"}
+CUDA_INCLUDES = {  # device-side headers
     "cuda_runtime.h", "cuda_runtime_api.h", "cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "cuda_fp4.h",
     "cuda_fp6.h", "vector_types.h", "vector_functions.h", "device_launch_parameters.h", "math_constants.h",
     "cooperative_groups.h", "mma.h", "cuda_pipeline.h", "cuda_pipeline_primitives.h", "cuda_awbarrier.h",
     "cuda_awbarrier_primitives.h", "sm_90_rt.h", "crt/host_defines.h",
-    # C and C++ standard headers that do no process, thread or file work
+}  # fmt: skip
+STD_INCLUDES = {  # C and C++ standard headers that do no process, thread or file work
     "cstdint", "cmath", "climits", "cstddef", "cstring", "cfloat", "cassert", "cstdlib", "cstdio",
     "type_traits", "algorithm", "array", "limits", "utility", "numeric", "initializer_list", "tuple",
     "bit", "new", "math.h", "stdint.h", "string.h", "stddef.h", "limits.h", "float.h", "assert.h",
     "stdlib.h", "stdio.h", "stdbool.h", "inttypes.h", "cinttypes",
-    # CPU SIMD intrinsics
+}  # fmt: skip
+SIMD_INCLUDES = {  # CPU SIMD intrinsics
     "immintrin.h", "x86intrin.h", "emmintrin.h", "xmmintrin.h", "pmmintrin.h", "smmintrin.h", "tmmintrin.h",
     "nmmintrin.h", "arm_neon.h", "arm_sve.h",
 }  # fmt: skip
+ALLOWED_INCLUDES = KOPT_INCLUDES | CUDA_INCLUDES | STD_INCLUDES | SIMD_INCLUDES
 ALLOWED_INCLUDE_PREFIXES = ("cooperative_groups/", "cub/", "cuda/std/", "cuda/barrier", "cuda/pipeline",
                             "cuda/annotated_ptr", "cuda/ptx", "cute/", "cutlass/numeric", "cutlass/array")
 INCLUDE = re.compile(r'^[ \t]*#[ \t]*include(?:_next)?\b[ \t]*(.*)$', re.M)
@@ -146,6 +146,53 @@ class Toolchain:
     target: Target
     compiler: str
     version: str
+
+
+def toolchain_facts(tc: Toolchain) -> list[str]:
+    """What a candidate's author needs to know of the toolchain that builds it, one fact a line: the
+    compiler and version, the fixed part of every build command, the allowed headers and compiler
+    options, and the shared headers' declarations (the agents' prompts show them)."""
+    fixed = compile_command(tc, Path("kernel"), Path("kernel.so"), [])
+    fixed = [Path(fixed[0]).name] + [a for a in fixed[1:] if not a.startswith("-I") and a not in ("-o", "kernel",
+                                                                                                   "kernel.so")]
+    headers = KOPT_INCLUDES | STD_INCLUDES | (CUDA_INCLUDES if tc.target == "cuda" else SIMD_INCLUDES)
+    headers -= {"kopt_cuda.h"} if tc.target == "cpu" else {"kopt_cpu_half.h"}
+    prefixes = ", ".join(f"<{p}...>" for p in ALLOWED_INCLUDE_PREFIXES) if tc.target == "cuda" else ""
+    facts = [f"compiler: {tc.version}", f"every build: {' '.join(fixed)} (C++17; the flags a candidate asks for "
+             "come after these)",
+             "allowed headers (any other #include is refused before compiling): "
+             + " ".join(f"<{h}>" for h in sorted(headers)) + (f"; and under {prefixes}" if prefixes else ""),
+             f"allowed compiler options: {flag_summary(tc.target)}"]  # fmt: skip
+    for name in sorted((KOPT_INCLUDES - {"kopt_abi.h"}) & headers):  # the toolkit; the ABI is the entry's
+        facts.append(f"{name} declares: {'; '.join(header_declarations((KERNELS_INCLUDE / name).read_text()))}")
+    return facts
+
+
+def header_declarations(text: str) -> list[str]:
+    """The top-level declarations of a C/C++ header with the comments above them, bodies left out
+    (`int f(int x)`; a one-line struct whole): what a caller needs of kopt's shared headers."""
+    out, depth, pending = [], 0, ""
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    for raw in text.splitlines():
+        line, _, comment = raw.partition("//")
+        line = line.rstrip()
+        if depth == 0 and not line.strip() and comment.strip() and not raw.lstrip().startswith("#"):
+            joined = out and out[-1].startswith("(") and out[-1].endswith(")") and pending == "comment"
+            out[-1:] = [f"{out[-1][:-1]} {comment.strip()})"] if joined else [*out[-1:], f"({comment.strip()})"]
+            pending = "comment"
+            continue
+        if pending == "comment":
+            pending = ""
+        if depth == 0 and not line.startswith("#") and line.strip():
+            pending = f"{pending} {line.strip()}".strip()
+            if "{" in line or line.endswith(";"):
+                whole = pending.startswith("struct") and pending.count("{") == pending.count("}") > 0
+                head = pending.rstrip(" ;") if whole else pending.split("{")[0].rstrip(" ;")
+                if head and not head.startswith(("}", "asm")):
+                    out.append(re.sub(r"\s+", " ", head.replace("[[maybe_unused]] ", "")))
+                pending = ""
+        depth += line.count("{") - line.count("}")
+    return out
 
 
 def find_nvcc() -> str | None:

@@ -254,6 +254,7 @@ class AnalyzeRequest(BaseModel):
     # What the run tried since the best (the analyst saw only the best, and asked the same again): the
     # most recent round records, failures with their reasons included.
     history: list[RoundRecord] = Field(default_factory=list)
+    toolchain_facts: list[str] = Field(default_factory=list)  # the baseline's compile (CompileResult)
 
 
 class AgentPlanRequest(PlanRequest):
@@ -264,6 +265,7 @@ class AgentPlanRequest(PlanRequest):
     diagnosis: Diagnosis | None = None
     device: str = ""
     device_facts: list[str] = Field(default_factory=list)
+    toolchain_facts: list[str] = Field(default_factory=list)  # the baseline's compile (CompileResult)
     reference_source: str = ""  # the package's reference.py (OptimizeRequest.reference_source)
 
 
@@ -272,6 +274,7 @@ class AgentCodeRequest(CodeRequest):
     diagnosis: Diagnosis | None = None
     device: str = ""
     device_facts: list[str] = Field(default_factory=list)
+    toolchain_facts: list[str] = Field(default_factory=list)
     reference_source: str = ""
 
 

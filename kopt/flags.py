@@ -71,3 +71,17 @@ def _allowed(flag: str, target: str) -> bool:
         return True
     m = _XCOMPILER.fullmatch(flag)
     return target == "cuda" and m is not None and all(_COMPILED["host"].fullmatch(p) for p in m.group(1).split(","))
+
+
+def flag_summary(target: Target) -> str:
+    """The allow-list of `target` in words, for the agents' prompts (check_flags is the rule)."""
+    common = "-O0..-O3, -Os, -Ofast, -g0, -w, -Wall, -Wextra, -Wno-<warning>, -std=c++17|c++20, -DNAME[=VALUE], -UNAME"
+    host = ("-march=<cpu>, -mtune=<cpu>, -m<isa feature> (e.g. -mavx2, -mfma, -mno-avx512f), --param=<name>=<n>, "
+            "-f[no-]<switch> for: " + _F_NAMES.replace("|", ", ").replace("(?:", "{").replace(")", "}"))
+    if target == "cpu":
+        return f"{common}; {host}"
+    return (f"{common}; --use_fast_math, -lineinfo, --extra-device-vectorization, --ftz|--prec-div|--prec-sqrt|"
+            "--fmad=true|false, --maxrregcount=<n>, --restrict, --expt-relaxed-constexpr, --extended-lambda, "
+            "--resource-usage, -Xptxas=<ptxas options, comma-separated: -O0..-O3, -v, -dlcm=ca|cg|cs, "
+            "-dscm=cg|cs|wt|wb, --maxrregcount=<n>, --allow-expensive-optimizations=true|false, ...>, "
+            "-Xcompiler=<host options as for the cpu target, comma-separated>; each option one item, no spaces")

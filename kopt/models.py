@@ -300,6 +300,7 @@ class CompileRequest(BaseModel):
     target: Target
     toolchain: str
     candidate: Candidate
+    describe_toolchain: bool = False  # the result carries toolchain_facts (the run asks with its baseline)
 
 
 class CompileResult(BaseModel):
@@ -311,6 +312,9 @@ class CompileResult(BaseModel):
     log: ArtifactRef | None = None  # full compiler output
     resource_usage: str = ""  # ptxas -v lines (CUDA)
     command: list[str] = Field(default_factory=list)
+    # Where asked (describe_toolchain): the building worker's compiler and version, fixed build command,
+    # allowed headers and options, and the toolkit headers' declarations, a fact a line, for the agents.
+    toolchain_facts: list[str] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------- execution (test, profile)

@@ -44,3 +44,34 @@ def test_cuda_baseline_compiles_with_nvcc(tmp_path, tunables):
     assert "registers" in out.resource_usage  # ptxas -v report kept for the profile analyst
     data = (tmp_path / "b" / "kernel.so").read_bytes()
     assert b"sm_90a" in data or b"kopt_silu_and_mul" in data
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_the_toolchain_facts_are_the_rules_the_build_applies(target):
+    """#27 item 1: what the agents are told of the toolchain is what the build does: the compiler's own
+    version line, the fixed command, exactly the headers the static check lets through (each listed one
+    passes, one left out is refused), and the toolkit header's declarations."""
+    tc = build.detect_toolchain(target)
+    if tc is None:
+        pytest.skip(f"no {target} compiler")
+    facts = build.toolchain_facts(tc)
+    assert facts[0] == f"compiler: {tc.version}" and tc.version != "unknown"
+    assert facts[1].startswith(f"every build: {'g++' if target == 'cpu' else 'nvcc'} -std=c++17 -shared")
+    headers = next(f for f in facts if f.startswith("allowed headers")).split(": ", 1)[1].split(";")[0].split()
+    names = [h.strip("<>") for h in headers]
+    assert "kopt_abi.h" in names and ("immintrin.h" in names) == (target == "cpu")
+    assert build.include_problems("".join(f"#include <{n}>\n" for n in names)) == []
+    assert build.include_problems("#include <thread>\n") and "thread" not in names
+    toolkit = "kopt_cpu_half.h" if target == "cpu" else "kopt_cuda.h"
+    declared = next(f for f in facts if f.startswith(f"{toolkit} declares: "))
+    needle = "static inline float f16_to_f32(uint16_t h)" if target == "cpu" else "P load_pack(const P *p)"
+    header = (build.KERNELS_INCLUDE / toolkit).read_text()
+    assert needle in declared and len(declared) < len(header) / 2  # bodies left out
+
+
+def test_header_declarations_leave_bodies_out_and_keep_the_comments_above():
+    text = ("#pragma once\n/* file comment */\n// Adds.\n// Two lines.\nstatic inline int add(int a,\n"
+            "                      int b) {\n  return a + b;\n}\nstruct P { int x; };\ntemplate <int N>\n"
+            "struct Q {\n  int v[N];\n};\n")
+    assert build.header_declarations(text) == ["(Adds. Two lines.)", "static inline int add(int a, int b)",
+                                               "struct P { int x; }", "template <int N> struct Q"]

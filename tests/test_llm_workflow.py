@@ -226,6 +226,11 @@ def test_good_two_round_run(temporal_server, settings, llm_env):
     # coder prompt (issue #27): the instruction sets, the cores, and how timing runs.
     for r in srv.requests[1:]:
         assert "instruction sets: " in r.text and "cores available" in r.text and "timing: each bench shape" in r.text
+        # The toolchain that builds the candidates, from the build worker: compiler and version, the allowed
+        # headers and options, the toolkit's declarations (#27 item 1).
+        assert "- compiler: g++ " in r.text and "every build: g++ -std=c++17 -shared" in r.text, r.text[-3000:]
+        assert "<immintrin.h>" in r.text and "allowed compiler options: " in r.text and "-march=<cpu>" in r.text
+        assert "kopt_cpu_half.h declares: " in r.text and "static inline float f16_to_f32(uint16_t h)" in r.text
     for r in srv.requests:  # the reference's semantics and the tolerances: what the outputs must match
         if role_of(r) in ("planner", "coder"):
             assert "def reference(inputs)" in r.text and "float32: atol 1e-05, rtol 1.3e-06" in r.text, r.text[-800:]

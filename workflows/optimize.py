@@ -566,7 +566,8 @@ class OptimizeKernel:
                 ANALYZE, AnalyzeRequest(package=req.package, target=req.target, candidate=state.best,
                                           compile=best.compile, profile=best.profile,
                                           baseline=state.baseline.profile, llm=self._llm(req, rnd),
-                                          history=state.rounds[-ANALYST_HISTORY:]),
+                                          history=state.rounds[-ANALYST_HISTORY:],
+                                          toolchain_facts=_device(state).get("toolchain_facts", [])),
                 req, (rnd, 0))
         except BadReply as bad:
             self._event(f"no diagnosis this round ({bad})")
@@ -730,7 +731,8 @@ class OptimizeKernel:
                                    tunables=cand.tunables, flags=cand.flags, diff=diff)
         self._progress.phase = "compile"
         compiled = await COMPILE.execute(
-            CompileRequest(package=req.package, target=req.target, toolchain=req.toolchain, candidate=cand),
+            CompileRequest(package=req.package, target=req.target, toolchain=req.toolchain, candidate=cand,
+                           describe_toolchain=cand.id == req.baseline.id),
             **self._options(COMPILE, req, at))
         shapes = req.package.spec.shapes[req.target]
 
@@ -765,9 +767,14 @@ def _score(state: RunState, outcome: CandidateOutcome, floored: bool) -> list[st
 
 
 def _device(state: RunState) -> dict:
-    """The machine that timed the baseline, for the agents' requests (empty before it is timed)."""
+    """The machine that timed the baseline and the toolchain that built it, for the agents' requests
+    (empty before the baseline is timed)."""
     profile = state.baseline.profile if state.baseline is not None else None
-    return {"device": profile.device, "device_facts": profile.device_facts} if profile is not None else {}
+    if profile is None:
+        return {}
+    built = state.baseline.compile
+    return {"device": profile.device, "device_facts": profile.device_facts,
+            "toolchain_facts": built.toolchain_facts if built is not None else []}
 
 
 def _versus_fields(versus: ProfileResult | None) -> dict:
