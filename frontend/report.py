@@ -19,6 +19,8 @@ def build_report(run_id: str, temporal_run_id: str, req: OptimizeRequest, res: O
         run_id=run_id, temporal_run_id=temporal_run_id, web_ui=ui_url, kernel=res.kernel, target=res.target,
         gpu_class=res.gpu_class, toolchain=req.toolchain, provider=req.provider, rounds_requested=req.rounds,
         status=res.status, device=baseline.profile.device if baseline.profile else None,
+        device_facts=baseline.profile.device_facts if baseline.profile else [],
+        toolchain_facts=baseline.compile.toolchain_facts if baseline.compile else [],
         baseline=ReportBaseline(
             candidate_id=baseline.candidate_id, flags=baseline.flags, tunables=baseline.tunables,
             compile_seconds=baseline.compile.seconds if baseline.compile else None,
@@ -100,6 +102,9 @@ def render_markdown(report: RunReport, source_name: str, charts: list[str] | tup
         sp = f"{rec.speedup_geomean:.3f}" if rec.speedup_geomean is not None else "-"
         lines.append(f"| {rec.round} | {rec.description} | {rec.compiled} | {rec.correct} | {sp} |")
     lines += ["", f"The best source is in `best_{source_name}`; `best.patch` is its diff from the baseline.", ""]
+    facts = r.device_facts + [f for f in r.toolchain_facts if f.startswith(("compiler:", "every build:"))]
+    if facts:  # what the workers reported, as the agents' prompts showed it (with the allowed headers there)
+        lines += ["## Machine and toolchain", "", *(f"- {f}" for f in facts), ""]
     return "\n".join(lines)
 
 

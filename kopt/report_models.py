@@ -35,6 +35,10 @@ class RunReport(BaseModel):
     target: str
     gpu_class: str | None = None
     toolchain: str
+    # The build worker's facts of its toolchain and the timing worker's of its machine (the baseline's
+    # compile and profile): what the agents' prompts showed.
+    toolchain_facts: list[str] = Field(default_factory=list)
+    device_facts: list[str] = Field(default_factory=list)
     provider: str
     rounds_requested: int
     status: str

@@ -39,6 +39,9 @@ def test_optimize_cpu_writes_report(tmp_path):
     assert best["correct"] is True and best["speedup_geomean"] >= 1.0
     assert best["per_shape"] and all(s["candidate_us"] > 0 for s in best["per_shape"])
     assert "geomean speedup" in (reports / "report.md").read_text()
+    # The workers' facts the agents saw: the machine and the compiler (#27 item 1).
+    assert "## Machine and toolchain" in (reports / "report.md").read_text()
+    assert "- compiler: g++ " in (reports / "report.md").read_text() and report["toolchain_facts"]
     assert (reports / "best_kernel.cpp").read_text().count("#define ROW_CHUNK") == 1
     patch = (reports / "best.patch").read_text()
     assert patch.startswith(f"# kopt best {best['candidate_id']}: compiler flags ") and " -> " in patch.splitlines()[0]

@@ -567,7 +567,7 @@ class OptimizeKernel:
                                           compile=best.compile, profile=best.profile,
                                           baseline=state.baseline.profile, llm=self._llm(req, rnd),
                                           history=state.rounds[-ANALYST_HISTORY:],
-                                          toolchain_facts=_device(state).get("toolchain_facts", [])),
+                                          toolchain_facts=_device(state, req.provider).get("toolchain_facts", [])),
                 req, (rnd, 0))
         except BadReply as bad:
             self._event(f"no diagnosis this round ({bad})")
@@ -587,7 +587,7 @@ class OptimizeKernel:
                                     best_speedup=state.best_summary.speedup_geomean, history=recent,
                                     earlier=earlier, provider=self._provider(req, PLAN), seed=req.seed,
                                     llm=self._llm(req, rnd), diagnosis=diagnosis, reference_source=req.reference_source,
-                                    **_device(state))
+                                    **_device(state, self._provider(req, PLAN)))
         if req.single_agent:
             self._progress.phase = "single_agent"
             try:
@@ -610,7 +610,8 @@ class OptimizeKernel:
             coded = await self._agent(
                 CODE, AgentCodeRequest(package=req.package, target=req.target, toolchain=req.toolchain,
                                          plan=planned.plan, base=state.best, provider=self._provider(req, CODE),
-                                         llm=self._llm(req, rnd), diagnosis=diagnosis, **_device(state),
+                                         llm=self._llm(req, rnd), diagnosis=diagnosis,
+                                         **_device(state, self._provider(req, CODE)),
                                          reference_source=req.reference_source), req, at)
         except BadReply as bad:
             return str(bad)
@@ -766,11 +767,12 @@ def _score(state: RunState, outcome: CandidateOutcome, floored: bool) -> list[st
     return [f"{s.shape} {s.dtype}" for s in outcome.per_shape if s.regression()]
 
 
-def _device(state: RunState) -> dict:
-    """The machine that timed the baseline and the toolchain that built it, for the agents' requests
-    (empty before the baseline is timed)."""
+def _device(state: RunState, provider: str) -> dict:
+    """The machine that timed the baseline and the toolchain that built it, for an LLM agent's request
+    (empty before the baseline is timed, and for the offline agent, which reads none of it: each round's
+    requests stay in history)."""
     profile = state.baseline.profile if state.baseline is not None else None
-    if profile is None:
+    if profile is None or provider == "offline":
         return {}
     built = state.baseline.compile
     return {"device": profile.device, "device_facts": profile.device_facts,
