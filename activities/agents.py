@@ -44,8 +44,14 @@ def _check(provider: str) -> None:
 
 
 def _roles():
-    from agents import roles  # imports openai: only where the provider is used
-
+    """agents.roles, which imports the openai client: only where the provider is used. A worker that
+    cannot load it fails the call for good, saying why (retrying would only make the run wait)."""
+    try:
+        from agents import roles
+    except ImportError as exc:
+        raise ApplicationError(f"this agents worker cannot load the LLM client ({type(exc).__name__}: {exc}); "
+                               "install kopt's dependencies where it runs", type="WorkerMisconfigured",
+                               non_retryable=True) from None
     return roles
 
 

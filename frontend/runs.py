@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib
 import os
 import secrets
 import sys
@@ -110,6 +111,12 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
         if not settings.temporal_address and llm.api_key_env and not os.environ.get(llm.api_key_env):
             raise UsageError(f"provider openai: the API key variable {llm.api_key_env} is not set (set it, or name "
                              f"another with KOPT_OPENAI_API_KEY_ENV; empty for endpoints without keys)")
+        if not settings.temporal_address:  # the local agents worker would fail every call (and the run wait)
+            try:
+                importlib.import_module("openai")
+            except ImportError as exc:
+                raise UsageError(f"provider openai: the openai client does not load here ({type(exc).__name__}: "
+                                 f"{exc}); install kopt's dependencies (pip install -e .)") from None
     elif args.model:
         raise UsageError("--model applies to --provider openai only")
     budgets = Budgets(max_cost_usd=args.max_cost, max_tokens=args.max_tokens, max_gpu_seconds=args.max_gpu_seconds,

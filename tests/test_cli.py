@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -130,6 +131,21 @@ def test_bad_input_fails_fast_with_one_line(tmp_path):
                                                                               'targets = "cpu"'))
     _assert_usage_error(kopt(["optimize", str(bad), *common], home), "kernel.toml", "field 'targets'")
     assert not reports.exists()
+
+
+def test_an_openai_client_that_does_not_load_is_a_usage_error_not_a_silent_wait(tmp_path):
+    """Seen on a GPU machine: openai 3.x needs httpx2, which was missing there; the local agents worker
+    failed every call and `kopt optimize --provider openai` only waited. Now it says why, before starting."""
+    shadow = tmp_path / "shadow" / "openai"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'httpx2'\")\n")
+    env = kopt_env(tmp_path / "home", KOPT_OPENAI_API_KEY_ENV="")
+    env["PYTHONPATH"] = os.pathsep.join([str(shadow.parent), env["PYTHONPATH"]])
+    proc = subprocess.run([sys.executable, "-m", "frontend.cli", "optimize", str(SILU), "--provider", "openai",
+                           "--report-dir", str(tmp_path / "report")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "the openai client does not load here (ModuleNotFoundError: No module named 'httpx2')" in proc.stderr
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -71,3 +72,42 @@ def test_optimize_cuda_end_to_end(tmp_path):
         (folder / "kernel.cu").write_text(src.replace(needle, "1.5f * " + needle))
         bad = subprocess.run([sys.executable, "test_op.py"], cwd=folder, capture_output=True, text=True, timeout=600)
         assert bad.returncode == 1 and "MISMATCH" in bad.stdout, bad.stdout + bad.stderr[-2000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_cuda_prompts_carry_the_device_the_toolchain_and_the_semantics(tmp_path):
+    """#27: the analyst's, planner's and coder's prompts of a CUDA run, as the endpoint receives them, show
+    the GPU (compute capability, SMs, L2), the build worker's compiler version, its allowed headers and the
+    kopt_cuda.h declarations, the reference source and tolerances, and absolute times per shape."""
+    from tests.fake_openai import FakeOpenAI, Reply
+
+    package = REPO / "tests" / "fixtures" / "repeat"
+    source = (package / "kernel.cu").read_text() + "\n// round 1: the same kernel, fewer passes\n"
+    script = [Reply.json({"shapes": [{"dims": {"N": 4097}, "reason": "odd size"}], "notes": "a remainder"}),
+              Reply.json({"bottleneck": "REPEAT * 256 dependent FMAs per element", "evidence": ["compute-bound"],
+                          "suggestions": ["lower REPEAT"]}),
+              Reply.json({"description": "REPEAT 4 -> 2", "rationale": "half the chain", "tunables": {"REPEAT": 2},
+                          "flags": None}),
+              Reply.json({"source": source, "summary": "REPEAT from the plan"})]  # fmt: skip
+    with FakeOpenAI(script) as srv:
+        env = kopt_env(tmp_path / "home", KOPT_OPENAI_BASE_URL=srv.base_url, KOPT_OPENAI_MODEL="test-model",
+                       KOPT_OPENAI_API_KEY_ENV="KOPT_TEST_GPU_KEY", KOPT_TEST_GPU_KEY="sk-test-gpu")
+        proc = subprocess.run(
+            [sys.executable, "-m", "frontend.cli", "optimize", str(package), "--target", "cuda", "--gpu-class",
+             _local_class(), "--provider", "openai", "--rounds", "1", "--time-cap", "0.25",
+             "--report-dir", str(tmp_path / "report")],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        requests = list(srv.requests)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert len(requests) == 4, [r.text[:200] for r in requests]
+    analyst, planner, coder = requests[1:]
+    for r in (analyst, planner, coder):
+        assert "compute capability 9.0" in r.text and " SMs" in r.text and "L2 " in r.text, r.text[-3000:]
+        assert "- compiler: Cuda compilation tools, release " in r.text and "<cuda_fp16.h>" in r.text
+        assert "kopt_cuda.h declares: " in r.text and "P load_pack(const P *p)" in r.text
+    for r in (planner, coder):
+        assert "def reference(inputs)" in r.text and "float32: atol 1e-05, rtol 1.3e-06" in r.text
+    assert re.search(r"N=4194304 float32: median \d+\.\d+ us", analyst.text), analyst.text[-2000:]
+    print("prompt characters (analyst, planner, coder):", [len(r.text) for r in (analyst, planner, coder)])
