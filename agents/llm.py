@@ -341,7 +341,10 @@ async def chat_json(cfg: LLMConfig, role: str, messages: list[LLMMessage], schem
                 raise _failed(record, start, err, calls) from None
             except openai.APITimeoutError:
                 err = ApplicationError(f"no reply from {redact_url(cfg.base_url)} within {cfg.timeout_s:g}s "
-                                       f"({setting_name('timeout_s')}; model {model!r}, role {role})", type=TIMEOUT)
+                                       f"(model {model!r}, role {role}); if it repeats, raise {setting_name('timeout_s')} "
+                                       f"to {2 * cfg.timeout_s:g} or more (a small model on a CPU server can take 10 "
+                                       f"minutes for {cfg.max_output_tokens} tokens) or lower "
+                                       f"{setting_name('max_output_tokens')}", type=TIMEOUT)
                 raise _failed(record, start, err, calls) from None
             except openai.APIConnectionError as exc:
                 err = ApplicationError(f"cannot reach {redact_url(cfg.base_url)} ({setting_name('base_url')}): "
@@ -434,8 +437,9 @@ def _account(record: LLMCall, resp: Any, cfg: LLMConfig) -> None:
 
 def _parse(text: str | None, finish_reason: str | None, schema: type[T], cfg: LLMConfig) -> T:
     if finish_reason == "length":
-        raise ValueError(f"the reply was cut off at {cfg.max_output_tokens} tokens "
-                         f"({setting_name('max_output_tokens')}); reply with a shorter JSON object")
+        raise ValueError(f"the reply was cut off at {cfg.max_output_tokens} tokens (if it repeats, raise "
+                         f"{setting_name('max_output_tokens')} to {2 * cfg.max_output_tokens} or more); reply with a "
+                         "shorter JSON object")
     if not text or not text.strip():
         raise ValueError("the reply was empty; reply with one JSON object")
     data = extract_json(text)

@@ -299,9 +299,10 @@ def view_charts(view: RunView) -> dict[str, bytes]:
     res = view.result
     if res is None or view.request is None:
         return {}
-    base = res.baseline.profile
-    sol = {f"{t.shape} {t.dtype}": t.pct_sol for t in (base.timings if base else []) if t.pct_sol is not None}
-    return run_charts(res.kernel, res.target, sol, res.best.per_shape if res.best else [], res.rounds)
+    from frontend.report import baseline_sol
+
+    base, best = res.baseline.profile, (res.best.per_shape if res.best else [])
+    return run_charts(res.kernel, res.target, baseline_sol(best, base.timings if base else []), best, res.rounds)
 
 
 async def replay(client: Client, run: str, out=sys.stdout) -> int:

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from kopt.candidates import unified_diff
+from kopt.models import ShapeSpeedup, ShapeTiming
 from kopt.report_models import ReportBaseline, RunReport, WorkloadWeight
 from kopt.run_models import HoldoutResult, OptimizeRequest, OptimizeResult, SpecializedResult
 
@@ -37,12 +38,23 @@ def build_report(run_id: str, temporal_run_id: str, req: OptimizeRequest, res: O
     )  # fmt: skip
 
 
+def baseline_sol(best: list[ShapeSpeedup], round_zero: list[ShapeTiming]) -> dict[str, float]:
+    """The baseline's %SOL per "shape dtype" for the charts, from the same interleaved A/B as the best's
+    where there is one (its median against the best's: same bytes moved), so the %SOL chart and the
+    per-shape table agree; else round 0's own profile."""
+    sol = {f"{t.shape} {t.dtype}": t.pct_sol for t in round_zero if t.pct_sol is not None}
+    sol.update({f"{s.shape} {s.dtype}": s.pct_sol * s.candidate_us / s.baseline_us for s in best
+                if s.pct_sol is not None and s.baseline_us > 0})
+    return sol
+
+
 def report_charts(report: RunReport) -> dict[str, bytes]:
     """The charts of a report (frontend/charts.py), by file name."""
     from frontend.charts import run_charts
 
-    sol = {f"{t.shape} {t.dtype}": t.pct_sol for t in report.baseline.per_shape if t.pct_sol is not None}
-    return run_charts(report.kernel, report.target, sol, report.best.per_shape if report.best else [], report.rounds)
+    best = report.best.per_shape if report.best else []
+    return run_charts(report.kernel, report.target, baseline_sol(best, report.baseline.per_shape), best,
+                      report.rounds)
 
 
 def _have_matplotlib() -> bool:
@@ -73,11 +85,19 @@ def render_markdown(report: RunReport, source_name: str, charts: list[str] | tup
                   f"{what} {best.speedup_geomean:.3f}x"
                   + (f" (95% CI {best.speedup_ci[0]:.3f}-{best.speedup_ci[1]:.3f})" if best.speedup_ci else ""), "",
                   f"flags: `{' '.join(best.flags)}`, tunables: `{best.tunables}`", "",
-                  "| shape | dtype | baseline us | best us | speedup | %SOL |", "| --- | --- | --- | --- | --- | --- |"]
+                  "| shape | dtype | baseline us | best us | speedup | 95% CI | %SOL |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
         for s in best.per_shape:
             sol = f"{s.pct_sol:.1f}" if s.pct_sol is not None else "-"
+            ci = f"{s.ci_low:.3f}-{s.ci_high:.3f}" if s.ci_low is not None and s.ci_high is not None else "-"
             lines.append(f"| {s.shape} | {s.dtype} | {s.baseline_us:.2f} | {s.candidate_us:.2f} | "
-                         f"{s.speedup:.3f} | {sol} |")
+                         f"{s.speedup:.3f} | {ci} | {sol} |")
+        if any(s.ci_low is not None for s in best.per_shape):
+            lines += ["", "All figures of a row come from one interleaved A/B of the best against the baseline: "
+                      "baseline us and best us are each side's median over its samples; the speedup is the "
+                      "paired estimate (the trimmed mean of the ratios of blocks taken side by side, which cancels "
+                      "the machine's drift between blocks), so on a noisy machine it can differ from the ratio of "
+                      "the two medians."]
     if r.best_regressions:
         lines += ["", f"**The best is slower than the baseline at {', '.join(r.best_regressions)}** "
                       "(accepted because the run allowed regressions)."]  # fmt: skip

@@ -102,3 +102,20 @@ def test_the_report_tells_a_foretold_held_out_regression_from_an_overfit():
     text = "\n".join(holdout_lines(h))
     assert "**OVERFIT: the best wins on the search shapes but is slower than the baseline at T=51,D=1375 float32.**" \
         in text and "Slower than the baseline at T=51,D=1375 float16, in a dtype" in text
+
+
+def test_the_sol_chart_takes_the_baselines_figure_from_the_same_ab_as_the_best():
+    """#29 item 6: the %SOL chart showed the best below the baseline where the speedup chart showed it above:
+    the baseline's %SOL came from round 0's profile, the best's from its own A/B. Now both from the A/B."""
+    from frontend.report import baseline_sol
+    from kopt.models import ShapeSpeedup, ShapeTiming
+
+    round_zero = [ShapeTiming(shape="T=4", dtype="float16", mode="hot-cpu", median_us=80.0, p10_us=79.0, p90_us=81.0,
+                              samples=10, gbytes_per_s=1.0, pct_sol=50.0),
+                  ShapeTiming(shape="T=8", dtype="float16", mode="hot-cpu", median_us=80.0, p10_us=79.0, p90_us=81.0,
+                              samples=10, gbytes_per_s=1.0, pct_sol=40.0)]  # fmt: skip
+    best = [ShapeSpeedup(shape="T=4", dtype="float16", baseline_us=110.0, candidate_us=100.0, speedup=1.1,
+                         pct_sol=44.0)]  # fmt: skip
+    sol = baseline_sol(best, round_zero)
+    assert sol["T=4 float16"] == pytest.approx(40.0) and sol["T=4 float16"] < best[0].pct_sol
+    assert sol["T=8 float16"] == 40.0  # no A/B there: round 0's figure

@@ -463,6 +463,18 @@ def test_timeout_is_retryable(pkg, best):
         err = failure(roles.plan(req))
     assert time.monotonic() - start < 5
     assert err.type == "LLMTimeout" and not err.non_retryable and "KOPT_OPENAI_TIMEOUT_S" in err.message
+    # Which setting to raise, and to what (#27 item 5): twice the timeout that was too short.
+    assert "raise KOPT_OPENAI_TIMEOUT_S to 0.6 or more" in err.message, err.message
+
+
+def test_a_reply_cut_off_twice_says_which_setting_to_raise_and_to_what(pkg, best):
+    """#27 item 5: a reply that ends at the output-token limit, again after the repair turn, fails its
+    candidate naming KOPT_OPENAI_MAX_OUTPUT_TOKENS and a value that would have room (twice the limit)."""
+    cut = Reply.raw('{"description": "REPEAT', finish_reason="length")
+    with FakeOpenAI([cut, cut]) as srv:
+        err = failure(roles.plan(plan_request(pkg, best, srv)))
+    assert err.type == "LLMOutputInvalid", err
+    assert "cut off at 4096 tokens (if it repeats, raise KOPT_OPENAI_MAX_OUTPUT_TOKENS to 8192 or more)" in err.message
 
 
 def test_connection_error_is_retryable(pkg, best):
