@@ -25,6 +25,7 @@ from temporalio import activity
 
 from gpu_worker import runner, static_checks
 from gpu_worker.protocol import HARNESS_VERSION
+from gpu_worker.spawn import VISIBLE_GPU
 from kopt.activity_table import PROFILE, TEST
 from kopt.artifacts import ArtifactStore
 from kopt.models import ExecProgress, ExecRequest, Partial, ProfileResult, TestResult
@@ -64,10 +65,16 @@ def resumed_partials() -> list[Partial]:
 
 
 class ExecActivities:
-    def __init__(self, store: ArtifactStore, work_dir: Path, device_class: str):
+    """`gpus`: the GPUs (nvidia-smi indices) this worker judges on, one activity on each at a time (the
+    worker has as many slots): an activity takes a free one for its harness children and its result says
+    which (gpu_index). Empty: the process's CUDA_VISIBLE_DEVICES, one slot."""
+
+    def __init__(self, store: ArtifactStore, work_dir: Path, device_class: str, gpus: tuple[int, ...] = ()):
         self.store = store
         self.work_dir = work_dir
         self.device_class = device_class
+        self.gpus = gpus
+        self._free = list(gpus)  # taken and given back within one event loop: no lock needed
         self.cache_dir = work_dir / "eval-cache"
 
     def _library(self, ref) -> Path:
@@ -128,8 +135,18 @@ class ExecActivities:
         if resumed:
             log.info("exec_resume", mode=mode, candidate=req.candidate_id, pieces=len(resumed))
         progress = _Progress(resumed)
-        result = await run(req, lib, package_dir, req.package.spec, heartbeat=progress.step, baseline=baseline,
-                           resume=resumed, on_partial=progress.partial)  # fmt: skip
+        if self.gpus and not self._free:  # more activities than GPUs: the worker's slots forbid it
+            raise RuntimeError(f"no free GPU of {self.gpus} for {mode} {req.candidate_id}")
+        gpu = self._free.pop(0) if self.gpus else None
+        token = VISIBLE_GPU.set(gpu)
+        try:
+            result = await run(req, lib, package_dir, req.package.spec, heartbeat=progress.step, baseline=baseline,
+                               resume=resumed, on_partial=progress.partial)  # fmt: skip
+        finally:
+            VISIBLE_GPU.reset(token)
+            if gpu is not None:
+                self._free.append(gpu)
+        result.gpu_index = gpu
         self._store(cached, result)
         if result.correct if mode == "test" else result.ok:  # a failure is never reused: it may be the device's
             self._store(same_bytes, result)

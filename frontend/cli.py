@@ -147,7 +147,12 @@ def _parser() -> argparse.ArgumentParser:
     opt.add_argument("--seed", type=int, default=0)
     opt.add_argument("--report-dir", type=Path, default=None, help="default: $KOPT_HOME/reports/<run id>")
     opt.add_argument("--model", default=None, help="provider openai: model (default KOPT_OPENAI_MODEL)")
-    opt.add_argument("--candidates", type=int, default=1, help="candidates per round, evaluated in parallel")
+    opt.add_argument("--candidates", type=int, default=None,
+                     help="candidates per round, evaluated in parallel (default: the local GPUs in use with "
+                          "--target cuda, else 1)")
+    opt.add_argument("--gpus", default="all", help="--target cuda, local workers: how many of this machine's GPUs "
+                                                    "of the class judge candidates, one exec worker each (a count, "
+                                                    "or all; default all)")
     opt.add_argument("--single-agent", action="store_true", help="one combined agent instead of the team")
     opt.add_argument("--patience", type=int, default=None, help="stop after K rounds without improvement")
     opt.add_argument("--min-gain", type=float, default=None,
@@ -303,7 +308,7 @@ async def _cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
     req = apply_run_options(req, args, settings)
     args.finished = {}
     return await run_optimization(req, args.kernel_dir, args.report_dir, settings, rerun=args.rerun,
-                                  finished=args.finished)
+                                  finished=args.finished, gpus=args.gpus)
 
 
 async def _cmd_resume(args: argparse.Namespace, settings: Settings) -> int:

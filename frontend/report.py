@@ -116,11 +116,13 @@ def render_markdown(report: RunReport, source_name: str, charts: list[str] | tup
         lines += [""] + [f"![{captions.get(c, c)}]({c})" for c in charts]
     elif r.best and charts is not None and not _have_matplotlib():
         lines += ["", "(no charts: matplotlib is not installed here)"]
-    lines += ["", "## Rounds", "", "| round | change | compiled | correct | geomean speedup |",
-              "| --- | --- | --- | --- | --- |"]
+    gpus = any(rec.gpu_index is not None for rec in r.rounds)  # several GPUs judged the candidates: which one
+    lines += ["", "## Rounds", "", "| round | change | compiled | correct | geomean speedup |" + (" GPU |" if gpus else ""),
+              "| --- | --- | --- | --- | --- |" + (" --- |" if gpus else "")]
     for rec in r.rounds:
         sp = f"{rec.speedup_geomean:.3f}" if rec.speedup_geomean is not None else "-"
-        lines.append(f"| {rec.round} | {rec.description} | {rec.compiled} | {rec.correct} | {sp} |")
+        gpu = (f" {rec.gpu_index if rec.gpu_index is not None else '-'} |") if gpus else ""
+        lines.append(f"| {rec.round} | {rec.description} | {rec.compiled} | {rec.correct} | {sp} |{gpu}")
     lines += ["", f"The best source is in `best_{source_name}`; `best.patch` is its diff from the baseline.", ""]
     facts = r.device_facts + [f for f in r.toolchain_facts if f.startswith(("compiler:", "every build:"))]
     if facts:  # what the workers reported, as the agents' prompts showed it (with the allowed headers there)

@@ -77,6 +77,9 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
     from kopt.llm_settings import LLMSettings, llm_config
     from kopt.run_models import Budgets
 
+    if getattr(args, "candidates", None) is None:  # one per GPU that judges them, where kopt starts the workers
+        local_cuda = req.target == "cuda" and not settings.temporal_address
+        args.candidates = len(local_gpu_indices(req.gpu_class, getattr(args, "gpus", "all"))) if local_cuda else 1
     for name in ("continue_every", "candidates"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -178,7 +181,7 @@ async def resume_point(client, settings: Settings, run: str, serve: bool = False
 
 async def run_optimization(req: OptimizeRequest | None, kernel_dir: Path | None, report_dir: Path | None,
                            settings: Settings, out=sys.stdout, resume: str | None = None, rerun: bool = False,
-                           finished: dict[str, int] | None = None) -> int:
+                           finished: dict[str, int] | None = None, gpus: str = "all") -> int:
     """Start (or attach to) a run and follow it to its report; `resume`: instead, continue that run
     from its last finished round in a new run (kopt resume), paid LLM replies reused. The same
     request again: attaches while the run is live, says how it ended once it has (`rerun`: starts a
@@ -198,7 +201,7 @@ async def run_optimization(req: OptimizeRequest | None, kernel_dir: Path | None,
             address = settings.temporal_address
             workers_plan = None  # production: the cluster's workers serve the queues
         else:
-            workers_plan = _local_worker_plan(req) if req is not None else None  # refused before any server
+            workers_plan = _local_worker_plan(req, gpus) if req is not None else None  # refused before any server
             server = attach_home(settings, say=lambda text: print(f"kopt: {text}", file=sys.stderr))
             stack.callback(server.release)
             address, ui_url = server.address, server.ui_url
@@ -217,8 +220,11 @@ async def run_optimization(req: OptimizeRequest | None, kernel_dir: Path | None,
             done = req.state.rounds[-1].round if req.state and req.state.rounds else 0
             say(f"resuming {resume} after round {done} as {wf_id}")
             if not settings.temporal_address:
-                workers_plan = _local_worker_plan(req)
+                workers_plan = _local_worker_plan(req, gpus)
         if workers_plan is not None:
+            if workers_plan.gpu_indices:
+                say(f"GPUs {', '.join(map(str, workers_plan.gpu_indices))} ({workers_plan.gpu_class}) judge "
+                    f"candidates side by side; {req.candidates_per_round} candidate(s) a round")
             await stack.enter_async_context(running_workers(client, settings, workers_plan))
         handle = await start_run(client, req, wf_id)
         run_id = handle.result_run_id or ""
@@ -332,21 +338,38 @@ def _say_ended(desc, wf_id: str, report_dir: Path, say, outcome: OptimizeResult 
     return 0
 
 
-def _local_worker_plan(req: OptimizeRequest):
-    from frontend.workers import WorkerPlan
+def local_gpu_indices(gpu_class: str | None, gpus: str = "all") -> list[int]:
+    """The local GPUs (nvidia-smi indices) of `gpu_class` that serve an embedded campaign: all of them,
+    or the first N (`gpus`: "all" or a count). UsageError where there is none or too few."""
     from gpu_worker.device import local_gpus
+
+    found = [(idx, cls) for idx, _name, cls in local_gpus()]
+    match = [idx for idx, cls in found if cls == gpu_class]
+    if not match:
+        have = ", ".join(cls for _, cls in found) or "no GPU"
+        raise UsageError(f"--target cuda --gpu-class {gpu_class}: this machine has {have}; run on a "
+                         f"{gpu_class} machine, pass its class, or set KOPT_TEMPORAL_ADDRESS to use a "
+                         f"cluster with GPU workers")
+    if gpus == "all":
+        return match
+    if not gpus.isdigit() or not 1 <= int(gpus) <= len(match):
+        raise UsageError(f"--gpus must be 'all' or a count from 1 to {len(match)} (the {gpu_class} GPUs here), "
+                         f"got {gpus!r}")
+    return match[: int(gpus)]
+
+
+def _local_worker_plan(req: OptimizeRequest, gpus: str = "all"):
+    from frontend.workers import WorkerPlan
 
     toolchain = build.detect_toolchain(req.target)
     plan = WorkerPlan(roles=("workflows", "agents", "build", "exec"), toolchains=(toolchain,), exec_target=req.target)
     if req.target == "cuda":
-        gpus = [(idx, cls) for idx, _name, cls in local_gpus()]
-        match = [idx for idx, cls in gpus if cls == req.gpu_class]
-        if not match:
-            found = ", ".join(cls for _, cls in gpus) or "no GPU"
-            raise UsageError(f"--target cuda --gpu-class {req.gpu_class}: this machine has {found}; run on a "
-                             f"{req.gpu_class} machine, pass its class, or set KOPT_TEMPORAL_ADDRESS to use a "
-                             f"cluster with GPU workers")
-        plan.gpu_class, plan.gpu_index = req.gpu_class, match[0]
+        indices = local_gpu_indices(req.gpu_class, gpus)
+        plan.gpu_class = req.gpu_class
+        if len(indices) == 1:
+            plan.gpu_index = indices[0]
+        else:  # an exec slot per GPU (docs/decisions/0038-every-local-gpu.md)
+            plan.gpu_indices = tuple(indices)
     return plan
 
 

@@ -34,7 +34,8 @@ class WorkerPlan:
     toolchains: tuple[build.Toolchain, ...] = ()
     exec_target: str | None = None  # "cpu" or "cuda"
     gpu_class: str | None = None
-    gpu_index: int | None = None
+    gpu_index: int | None = None  # the one GPU this process drives (kopt worker --gpu-index)
+    gpu_indices: tuple[int, ...] = ()  # or: an exec slot on each of these GPUs (the embedded campaign)
 
 
 def check_sandbox(plan: WorkerPlan) -> None:
@@ -71,10 +72,12 @@ def make_workers(client: Client, settings: Settings, plan: WorkerPlan) -> list[W
             # The harness child inherits this: one worker process drives exactly one GPU.
             os.environ["CUDA_VISIBLE_DEVICES"] = str(plan.gpu_index)
         device_class = plan.gpu_class if plan.exec_target == "cuda" else f"cpu:{cpu_name()}"
-        acts = ExecActivities(store, settings.work_dir / "exec", device_class)
-        # One activity slot per device: timings are never taken with two kernels on one GPU/CPU.
+        # One activity slot per device: timings are never taken with two kernels on one GPU/CPU. Several
+        # GPUs: a slot each, every activity on a GPU of its own (ExecActivities takes a free one for its
+        # harness children: spawn.VISIBLE_GPU), so a round's candidates are judged side by side.
+        acts = ExecActivities(store, settings.work_dir / "exec", device_class, gpus=plan.gpu_indices)
         workers.append(Worker(client, task_queue=queue, activities=implementations(acts, "exec"),
-                              max_concurrent_activities=1))
+                              max_concurrent_activities=max(1, len(plan.gpu_indices))))
     return workers
 
 

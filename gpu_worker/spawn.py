@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,9 +54,19 @@ PASSED_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH
               "OMP_NUM_THREADS", "TZ")  # fmt: skip
 
 
-def harness_env(home: str = "/tmp") -> dict[str, str]:
-    """The whole environment of a harness child (and of the zygote): explicit and minimal."""
+# The GPU (nvidia-smi index) that the harness children started from this task use, where one worker
+# process drives several GPUs with one exec worker each (frontend/workers.py); None: the process's own
+# CUDA_VISIBLE_DEVICES. A context variable: each activity runs in its own task.
+VISIBLE_GPU: ContextVar[int | None] = ContextVar("kopt_visible_gpu", default=None)
+
+
+def harness_env(home: str = "/tmp", task_gpu: bool = True) -> dict[str, str]:
+    """The whole environment of a harness child (and of the zygote, `task_gpu` False): explicit and
+    minimal."""
     env = {name: os.environ[name] for name in PASSED_ENV if name in os.environ}
+    gpu = VISIBLE_GPU.get() if task_gpu else None
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     return {
         **env,
         "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -101,7 +112,9 @@ async def spawn(
     transport = child = read_task = wait_task = None
     try:
         tool = bool(job.host_prefix)
-        zygote = await asyncio.to_thread(ZygoteClient.shared) if not tool else None
+        # Unsandboxed, a zygote child keeps the zygote's environment: a task's own GPU needs a fresh one.
+        fresh = tool or (jail.disabled() and VISIBLE_GPU.get() is not None)
+        zygote = await asyncio.to_thread(ZygoteClient.shared) if not fresh else None
         with open(log_path, "wb") as log:
             if zygote is not None:
                 child = await _ZygoteChild.start(zygote, w, log.fileno(), spec)
@@ -233,7 +246,7 @@ class ZygoteClient:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpu_worker.zygote", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
-            env=harness_env(), cwd="/", stdin=subprocess.DEVNULL, start_new_session=True,
+            env=harness_env(task_gpu=False), cwd="/", stdin=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         theirs.close()
         self.sock = mine

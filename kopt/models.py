@@ -225,6 +225,7 @@ class RoundRecord(BaseModel):
     # best's, and the interval; None where it was not (the best was the baseline, or an older run).
     versus_best: float | None = None
     versus_best_ci: list[float] | None = None
+    gpu_index: int | None = None  # the GPU that timed the candidate, where the exec workers drive several
 
     @property
     def kind(self) -> RoundStatus:
@@ -393,6 +394,7 @@ class TestResult(BaseModel):
     # illegal address): the runner then names the argument it went through (gpu_worker/runner.py).
     fault_group: str | None = None
     failed_party: FailedParty | None = None  # whose code failed, where the harness knows it
+    gpu_index: int | None = None  # the GPU (nvidia-smi index) that ran it, where a worker drives several
     # With a baseline loaded beside the candidate: the first check at which the baseline took the call and
     # failed it (as a failed check reads). Not the candidate's fault (that check is skipped for it), but
     # the package's baseline disagreeing with its reference: `kopt evaluate` / `verify` fail on it as a
@@ -485,6 +487,7 @@ class ProfileResult(BaseModel):
     failed_party: FailedParty | None = None  # whose code failed, where the harness knows it
     # What the machine that timed it is, one fact a line (gpu_worker/device.py: instruction sets, cores,
     # caches; compute capability, SMs, L2, shared memory, registers): the agents' prompts show them.
+    gpu_index: int | None = None  # the GPU (nvidia-smi index) that timed it, where a worker drives several
     device_facts: list[str] = Field(default_factory=list)
 
 

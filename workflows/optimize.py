@@ -537,7 +537,9 @@ class OptimizeKernel:
                             f"[{ab.ci_low:.3f}, {ab.ci_high:.3f}] ({ab.verdict})")
             if slot == best_slot and slot != accepted and refused:
                 verdict += f"; {refused}"
-            self._event(f"{tag}: {outcome.description}: {verdict}{' -> new best' if slot == accepted else ''}")
+            gpu = outcome.profile.gpu_index if outcome.profile is not None else None
+            on_gpu = f" (GPU {gpu})" if gpu is not None else ""
+            self._event(f"{tag}: {outcome.description}: {verdict}{' -> new best' if slot == accepted else ''}{on_gpu}")
             status, failure = _judged(outcome)
             records.append(RoundRecord(
                 round=rnd, candidate_id=cand.id, description=outcome.description, tunables=cand.tunables,
@@ -545,7 +547,7 @@ class OptimizeKernel:
                 correct=outcome.correct, speedup_geomean=outcome.speedup_geomean, failure=failure,
                 compile_seconds=outcome.compile.seconds if outcome.compile else None, per_shape=outcome.per_shape,
                 speedup_ci=outcome.speedup_ci, accepted=slot == accepted, regressions=slow, status=status,
-                **(_versus_fields(versus) if slot == best_slot else {})))
+                gpu_index=gpu, **(_versus_fields(versus) if slot == best_slot else {})))
         for record in failed:
             self._event(f"round {rnd}/{record.slot}: {record.failure}")
         return sorted([*records, *failed], key=lambda r: r.slot)

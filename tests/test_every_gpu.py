@@ -1,0 +1,54 @@
+"""Every local GPU of the class serves the embedded campaign (#28 item 1): the exec worker gets a slot per
+GPU, each activity takes a free GPU for its harness children (gpu_worker/spawn.VISIBLE_GPU), and the
+results, round records and progress lines say which GPU judged each candidate. Exercised here with a
+CPU exec worker whose slots stand for two GPUs (the mechanism, not the device); the real thing ran on a
+two-GPU host (the #28 note has the figures)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from frontend.client import connect
+from frontend.runs import prepare_request
+from frontend.workers import WorkerPlan, running_workers, toolchains_for
+from gpu_worker import spawn
+from kopt import queues
+from kopt.run_models import OptimizeResult
+from kopt.settings import Settings
+from tests.conftest import REPO
+
+
+def test_a_tasks_gpu_reaches_its_harness_children_and_not_the_zygote():
+    assert "CUDA_VISIBLE_DEVICES" not in spawn.harness_env() or spawn.VISIBLE_GPU.get() is None
+
+    async def in_task(index: int) -> tuple[dict, dict]:
+        spawn.VISIBLE_GPU.set(index)
+        return spawn.harness_env(), spawn.harness_env(task_gpu=False)
+
+    async def main():
+        return await asyncio.gather(in_task(0), in_task(1))
+
+    (child0, zygote0), (child1, _) = asyncio.run(main())
+    assert child0["CUDA_VISIBLE_DEVICES"] == "0" and child1["CUDA_VISIBLE_DEVICES"] == "1"
+    assert zygote0.get("CUDA_VISIBLE_DEVICES") != "0" or spawn.VISIBLE_GPU.get() is not None
+    assert spawn.VISIBLE_GPU.get() is None  # each task had its own
+
+
+def test_two_gpu_slots_judge_a_rounds_candidates_side_by_side(temporal_server, tmp_path):
+    settings = Settings(home=tmp_path / "home")
+    req = prepare_request(REPO / "tests" / "fixtures" / "repeat", "cpu", None, 1, "offline", 0, settings)
+    req = req.model_copy(update={"candidates_per_round": 2, "time_cap_s": 0.1})
+    plan = WorkerPlan(roles=("workflows", "agents", "build", "exec"), toolchains=toolchains_for(["cpu"]),
+                      exec_target="cpu", gpu_indices=(0, 1))  # fmt: skip
+
+    async def run() -> OptimizeResult:
+        client = await connect(temporal_server.address, settings)
+        async with running_workers(client, settings, plan):
+            return await client.execute_workflow(queues.WORKFLOW_NAME, req, id=f"every-gpu-{uuid.uuid4()}",
+                                                 task_queue=queues.WORKFLOW_QUEUE, result_type=OptimizeResult)
+
+    result = asyncio.run(run())
+    assert result.status == "completed" and len(result.rounds) == 2, result
+    assert {r.gpu_index for r in result.rounds} == {0, 1}  # one candidate on each worker, at the same time
+    assert result.baseline.profile is not None and result.baseline.profile.gpu_index in (0, 1)
