@@ -116,6 +116,8 @@ class RunState(BaseModel):
     extra_test_shapes: list[Shape] = Field(default_factory=list)  # accepted from the test designer
     rounds_since_improvement: int = 0
     started_at: float | None = None  # workflow time (epoch seconds) of the first segment
+    last_round_s: float | None = None  # workflow time the last round took (BUDGET_RESERVE_PATCH)
+    last_round_device_s: float | None = None  # and the device time it used
     resumed: bool = False  # set by `kopt resume`: the first round may take its answers from the reply cache
 
 

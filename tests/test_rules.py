@@ -163,3 +163,16 @@ def test_a_held_out_regression_the_search_shapes_foretold_is_not_an_overfit():
     # Slower over all the held-out shapes with no one shape beyond the limit: an overfit, as before.
     assert rules.held_out_overfit([fine], True, search[1:]) == (True, [], [])
     assert rules.held_out_overfit([fine], False, search) == (False, [], [])
+
+
+def test_a_step_starts_only_where_the_budget_has_room_for_it():
+    wall, gpu = Budgets(max_wall_time_s=100), Budgets(max_gpu_seconds=50)
+    used = Usage(device_seconds=40)
+    assert rules.no_room(wall, used, 80, 15, 5, "round 4") is None
+    why = rules.no_room(wall, used, 90, 15, 5, "round 4")
+    assert why.startswith("wall-time budget: round 4 (~15 s, as the last took) would end past it (10 s of 100 s")
+    assert rules.no_room(gpu, used, 90, 15, 5, "the held-out step") is None
+    assert rules.no_room(gpu, used, 90, 15, 11, "the held-out step").startswith("device-time budget: the held-out step")
+    # Nothing known of the step (the first round), or no budget: no reason to stop.
+    assert rules.no_room(wall, used, 99, None, None, "round 1") is None
+    assert rules.no_room(Budgets(), used, 1e9, 1e9, 1e9, "round 9") is None

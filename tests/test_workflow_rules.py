@@ -338,3 +338,34 @@ def test_a_run_stopped_by_a_budget_skips_the_held_out_step_with_a_note(temporal_
     assert result.stop_reason.startswith("device-time budget reached") and result.rounds == []
     assert result.holdout is not None and result.holdout.reason == f"skipped: {result.stop_reason}"
     assert ["N=77"] not in calls and len(calls) == 1  # the baseline's profile only
+
+
+def test_a_wall_time_budget_is_not_overrun_by_a_round_begun_near_its_end(temporal_server, tmp_path):
+    """#28 item 3: a run stopped only once its wall time was spent, so the round begun just before ran past
+    the budget (and the held-out step after it). A round now starts only where the budget has room for it
+    (as long as the last round took), and the steps after the search likewise."""
+    import time
+
+    from kopt.models import Shape
+    from kopt.run_models import Budgets
+
+    script = Script({(r, 0): (1.0, "same", 1.01) for r in range(1, 10)})  # nothing accepted: rounds alike
+    acts = script.activities()
+    test_fn, profile_fn = acts["exec"]
+
+    @activity.defn(name=PROFILE.name)
+    async def slow_profile(req: ExecRequest) -> ProfileResult:
+        await asyncio.sleep(1.5)
+        return await profile_fn(req)
+
+    script.activities = lambda: {**acts, "exec": [test_fn, slow_profile]}
+    budget = 6.0
+    start = time.monotonic()
+    result = asyncio.run(_run(temporal_server.address, tmp_path / "home", script, rounds=9, slots=1,
+                              holdout_shapes=[Shape(dims={"N": 77})], budgets=Budgets(max_wall_time_s=budget)))
+    took = time.monotonic() - start  # the run, and the start and stop of its workers (about a second)
+    assert result.stop_reason.startswith(f"wall-time budget: round {len(result.rounds) + 1} (~"), result.stop_reason
+    assert "would end past it" in result.stop_reason and 1 <= len(result.rounds) <= 3
+    assert result.holdout is not None and result.holdout.reason == f"skipped: {result.stop_reason}"
+    assert took < budget * 1.05 + 1.5, took  # before: a round and the held-out step past it (>= 9 s)
+    print(f"budget {budget} s: {len(result.rounds)} rounds, {took:.1f} s with the workers' start and stop")

@@ -83,7 +83,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from kopt.search_attributes import BEST_KEY, KERNEL_KEY, ROUND_KEY
     from workflows import judging, rules
-    from workflows.patches import (ACTIVITY_IDS_PATCH, BUDGET_HOLDOUT_PATCH, COMPACT_HISTORY_PATCH,
+    from workflows.patches import (ACTIVITY_IDS_PATCH, BUDGET_HOLDOUT_PATCH, BUDGET_RESERVE_PATCH,
+                                   COMPACT_HISTORY_PATCH,
                                    HEAD_TO_HEAD_PATCH, HOLDOUT_PATCH, LLM_FAULTS_PATCH, NOISE_FLOOR_PATCH,
                                    SHAPE_GUARD_PATCH, SPECIALIZE_PATCH)  # fmt: skip
     from workflows.rules import Stop, StopKind, geomean, held_out_overfit, significant, speedups
@@ -218,12 +219,14 @@ class OptimizeKernel:
                 state.events, state.event_total, state.usage = self._progress.events, self._progress.event_total, \
                     self._usage
                 workflow.continue_as_new(req.model_copy(update={"state": state}))
-            stop = self._stop_reason(req, state)
+            stop = self._stop_reason(req, state) or self._no_room(req, state, state.last_round_s,
+                                                                  state.last_round_device_s, f"round {rnd}")
             if stop:
                 stop_reason, stop_kind = stop.text, stop.kind
                 self._event(f"stopping before round {rnd}: {stop_reason}")
                 break
             self._progress.round = rnd
+            round_start, device_start = workflow.now().timestamp(), self._usage.device_seconds
             try:
                 records = await self._round(req, state, rnd)
             except StopRun as stopped:
@@ -231,6 +234,8 @@ class OptimizeKernel:
                 stop_kind = self._stop_kind = stopped.kind
                 self._event(f"stopping in round {rnd}: {stop_reason}")
                 break
+            state.last_round_s = workflow.now().timestamp() - round_start
+            state.last_round_device_s = self._usage.device_seconds - device_start
             if records is None:
                 stop_reason, stop_kind = "the planner has nothing new to try", "exhausted"
                 break
@@ -243,19 +248,27 @@ class OptimizeKernel:
 
         specialized = None
         dispatch = spec.dispatch.get(req.target)
+        best_s = _judging_seconds(state.best_outcome)  # what judging one more library costs, about
+        budget_stop = stop_reason if stop_reason and stop_kind == "budget" else None
         if dispatch is not None and workflow.patched(SPECIALIZE_PATCH):
-            if stop_reason and stop_kind == "budget":
-                specialized = SpecializedResult(buckets=bucket_labels(dispatch), reason=f"skipped: {stop_reason}")
+            skip = budget_stop or getattr(self._no_room(req, state, best_s, best_s, "the shape-specialized step"),
+                                          "text", None)
+            if skip:
+                specialized = SpecializedResult(buckets=bucket_labels(dispatch), reason=f"skipped: {skip}")
+                if not budget_stop:
+                    self._event(f"shape-specialized: skipped, {skip}")
             else:
                 specialized = await self._specialize(req, state, dispatch)
         holdout = None
         if req.holdout_shapes and workflow.patched(HOLDOUT_PATCH):
-            if stop_reason and stop_kind == "budget" and workflow.patched(BUDGET_HOLDOUT_PATCH):
+            skip = (budget_stop if budget_stop and workflow.patched(BUDGET_HOLDOUT_PATCH)
+                    else getattr(self._no_room(req, state, best_s, best_s, "the held-out step"), "text", None))
+            if skip:
                 labels = [s.label for s in req.holdout_shapes]
                 holdout = HoldoutResult(candidate_id=state.best.id, shapes=labels, correct=False,
-                                        reason=f"skipped: {stop_reason}",
+                                        reason=f"skipped: {skip}",
                                         search_speedup=state.best_summary.speedup_geomean)  # fmt: skip
-                self._event(f"held-out shapes {'; '.join(labels)}: skipped, {stop_reason}")
+                self._event(f"held-out shapes {'; '.join(labels)}: skipped, {skip}")
             else:
                 holdout = await self._holdout(req, state)
         self._progress.phase = "done"
@@ -401,6 +414,17 @@ class OptimizeKernel:
         self._event(f"shape-specialized: {outcome.speedup_geomean:.3f}x against the best's {before:.3f}x"
                     + (" -> new best" if result.accepted else f"; kept the best ({result.reason})"))
         return result
+
+    def _no_room(self, req: OptimizeRequest, state: RunState, wall_s: float | None, device_s: float | None,
+                 what: str) -> Stop | None:  # fmt: skip
+        """A budget stop where the run's wall-time or device-time budget has no room for a step of about
+        `wall_s` and `device_s` seconds (BUDGET_RESERVE_PATCH; runs without those budgets never ask)."""
+        b = req.budgets
+        if (b.max_wall_time_s is None and b.max_gpu_seconds is None) or not workflow.patched(BUDGET_RESERVE_PATCH):
+            return None
+        elapsed = workflow.now().timestamp() - state.started_at if state.started_at is not None else None
+        why = rules.no_room(b, self._usage, elapsed, wall_s, device_s, what)
+        return Stop("budget", why) if why else None
 
     def _stop_reason(self, req: OptimizeRequest, state: RunState) -> Stop | None:
         if self._stop:
@@ -767,6 +791,14 @@ def _score(state: RunState, outcome: CandidateOutcome, floored: bool) -> list[st
     if ab and ab.ci_low is not None:
         outcome.speedup_ci = [ab.ci_low, ab.ci_high]
     return [f"{s.shape} {s.dtype}" for s in outcome.per_shape if s.regression()]
+
+
+def _judging_seconds(outcome: CandidateOutcome) -> float | None:
+    """The device seconds a candidate's compile, test and profile took: about what judging one more
+    library of its kind costs (the held-out and shape-specialized steps)."""
+    steps = [outcome.compile, outcome.test, outcome.profile]
+    total = sum(s.seconds for s in steps if s is not None)
+    return total or None
 
 
 def _device(state: RunState, provider: str) -> dict:

@@ -46,3 +46,9 @@ HEAD_TO_HEAD_PATCH = "head-to-head"
 # was, when the search stopped because a budget (wall time, device time, cost, tokens) ran out: the
 # budget bounds the whole run, not the search alone (issue #28). Older histories replay the step.
 BUDGET_HOLDOUT_PATCH = "budget-skips-holdout"
+
+# Runs started with BUDGET_RESERVE_PATCH start a round, the shape-specialized step or the held-out step
+# only where the wall-time and device-time budgets have room for it (as long as the last round took,
+# or the best's own test and profile): the run ends within its budget instead of overrunning it by a
+# step begun near its end (rules.no_room, issue #28). Older histories replay without the checks.
+BUDGET_RESERVE_PATCH = "budget-reserves-steps"

@@ -129,6 +129,22 @@ def held_out_overfit(held_out: list[ShapeSpeedup], slower_overall: bool,
     return overfit, new, foretold
 
 
+def no_room(budgets: Budgets, usage: Usage, elapsed_s: float | None, wall_s: float | None, device_s: float | None,
+            what: str) -> str | None:  # fmt: skip
+    """Why a step expected to take `wall_s` seconds of wall time and `device_s` of device time (as the
+    last one like it did) would end past the wall-time or device-time budget, in words; None where it
+    fits, or nothing bounds it, or nothing is known of it. The run then stops, or skips the step, before
+    it starts: a budget bounds the whole run, not only the steps begun within it."""
+    b = budgets
+    if b.max_wall_time_s is not None and elapsed_s is not None and wall_s and elapsed_s + wall_s > b.max_wall_time_s:
+        return (f"wall-time budget: {what} (~{wall_s:.0f} s, as the last took) would end past it "
+                f"({max(0.0, b.max_wall_time_s - elapsed_s):.0f} s of {b.max_wall_time_s:g} s left)")
+    if b.max_gpu_seconds is not None and device_s and usage.device_seconds + device_s > b.max_gpu_seconds:
+        return (f"device-time budget: {what} (~{device_s:.1f} s of device time) would end past it "
+                f"({max(0.0, b.max_gpu_seconds - usage.device_seconds):.1f} s of {b.max_gpu_seconds:g} s left)")
+    return None
+
+
 def stop_reason(budgets: Budgets, usage: Usage, elapsed_s: float | None, patience: int | None,
                 rounds_since_improvement: int, llm_stop: str | None = None) -> Stop | None:  # fmt: skip
     """Why the run stops before its next round, or None. The order is the order of the checks."""
