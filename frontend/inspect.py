@@ -21,7 +21,7 @@ from frontend.history import RunView, load_run, segments
 from kopt import queues
 from kopt.activity_table import ACTIVITIES, names
 from kopt.errors import UsageError
-from kopt.run_models import Approval, Progress
+from kopt.run_models import Approval, OptimizeResult, Progress
 from kopt.search_attributes import BEST_KEY, KERNEL_KEY, ROUND_KEY, TARGET_KEY
 from kopt.settings import Settings
 from workflows.optimize import OptimizeKernel
@@ -58,15 +58,27 @@ async def list_runs(client: Client, limit: int, out=sys.stdout) -> list[dict]:
     query = f'WorkflowType = "{queues.WORKFLOW_NAME}"'
     async for wf in client.list_workflows(query, limit=limit):
         sa = wf.typed_search_attributes
-        rows.append({"run": wf.id, "run_id": wf.run_id, "status": wf.status.name.lower() if wf.status else "",
+        status = wf.status.name.lower() if wf.status else ""
+        if status == "completed":  # the workflow completed; a run whose baseline failed does too (#29)
+            status = await _run_status(client, wf.id, wf.run_id)
+        rows.append({"run": wf.id, "run_id": wf.run_id, "status": status,
                      "kernel": sa.get(KERNEL_KEY), "target": sa.get(TARGET_KEY), "round": sa.get(ROUND_KEY),
                      "best_speedup": sa.get(BEST_KEY), "started": wf.start_time.isoformat()})
-    print(f"{'run':44} {'status':10} {'kernel':20} {'target':6} {'round':>5} {'best':>7}", file=out)
+    print(f"{'run':44} {'status':15} {'kernel':20} {'target':6} {'round':>5} {'best':>7}", file=out)
     for r in rows:
         best = f"{r['best_speedup']:.3f}x" if r["best_speedup"] is not None else "-"
-        print(f"{r['run']:44} {r['status']:10} {str(r['kernel']):20} {str(r['target']):6} "
+        print(f"{r['run']:44} {r['status']:15} {str(r['kernel']):20} {str(r['target']):6} "
               f"{str(r['round'] if r['round'] is not None else '-'):>5} {best:>7}", file=out)
     return rows
+
+
+async def _run_status(client: Client, workflow_id: str, run_id: str) -> str:
+    """A completed workflow's run status as its result says it: "completed", or "baseline failed"."""
+    try:
+        result = await client.get_workflow_handle(workflow_id, run_id=run_id, result_type=OptimizeResult).result()
+    except Exception:  # noqa: BLE001 - an older result that no longer parses: the workflow's status speaks
+        return "completed"
+    return result.status.replace("_", " ")
 
 
 QUERY_TIMEOUT = timedelta(seconds=3)  # a live run's worker answers in milliseconds; none answers at all

@@ -173,6 +173,8 @@ def test_broken_baseline_fails_without_report(tmp_path, broken, reason):
     run = last.split()[2].rstrip(":")
     status = kopt(["status", run], tmp_path / "home")
     assert f"run {run}: baseline failed" in status.stdout, status.stdout
+    listed = kopt(["runs"], tmp_path / "home")  # the workflow completed; the run did not
+    assert any(line.split()[:2] == [run, "baseline"] for line in listed.stdout.splitlines()), listed.stdout
 
 
 @pytest.mark.slow
