@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import html
 import json
 import sys
 from contextlib import asynccontextmanager
@@ -280,27 +278,49 @@ def export(view: RunView, fmt: str) -> str:
     if fmt == "md":
         return _markdown(view, text)
     if fmt == "html":
-        figures = "".join(f"<figure><img alt='{html.escape(name)}' src='data:image/png;base64,"
-                          f"{base64.b64encode(png).decode()}'><figcaption>{html.escape(name)}</figcaption></figure>"
-                          for name, png in view_charts(view).items())  # fmt: skip
-        return (f"<!doctype html><html><head><meta charset='utf-8'><title>kopt run {html.escape(view.workflow_id)}"
-                f"</title></head><body><h1>kopt run {html.escape(view.workflow_id)}</h1>{figures}"
-                f"<pre>{html.escape(text)}</pre></body></html>\n")
+        return _html(view, text)
     raise UsageError(f"unknown export format {fmt!r}; use json, md or html")
+
+
+def _report_of(view: RunView):
+    """(report, source file name) of a finished run; None for a run without a result yet."""
+    from frontend.report import build_report
+
+    if view.result is None or view.request is None:
+        return None
+    req = view.request
+    report = build_report(view.workflow_id, view.run_ids[-1] if view.run_ids else "", req, view.result, None)
+    return report, Path(req.package.spec.sources.get(req.target, "kernel")).name
 
 
 def _markdown(view: RunView, history: str) -> str:
     """The run's report as `kopt optimize` writes report.md (for a finished run), then its full history;
     a run without a result yet has the history alone, headed so."""
-    from frontend.report import build_report, render_markdown
+    from frontend.report import render_markdown
 
     fence = f"```\n{history}\n```\n"
-    if view.result is None or view.request is None:
+    found = _report_of(view)
+    if found is None:
         return f"# kopt run {view.workflow_id} ({view.status}: no report yet)\n\n## History\n\n{fence}"
-    req = view.request
-    report = build_report(view.workflow_id, view.run_ids[-1] if view.run_ids else "", req, view.result, None)
-    source = Path(req.package.spec.sources.get(req.target, "kernel")).name
-    return f"{render_markdown(report, source)}\n## History\n\n{fence}"
+    return f"{render_markdown(*found)}\n## History\n\n{fence}"
+
+
+def _html(view: RunView, history: str) -> str:
+    """The page a reviewer opens (frontend/report_html.py): the report with its charts, the diff of the
+    best against the baseline, and the history folded away; for a run without a result, the history."""
+    from frontend.report import best_patch, render_markdown
+    from frontend.report_html import render_html
+
+    found = _report_of(view)
+    if found is None:
+        return render_html(f"# kopt run {view.workflow_id} ({view.status}: no report yet)", {}, "", history,
+                           title=f"kopt run {view.workflow_id}")
+    report, source = found
+    charts = view_charts(view)
+    best = view.result.best.source if view.result.best else view.request.baseline.source
+    return render_html(render_markdown(report, source, list(charts)), charts,
+                       best_patch(report, view.request.baseline.source, best, source), history,
+                       title=f"kopt report: {report.kernel} ({report.target})")
 
 
 def view_charts(view: RunView) -> dict[str, bytes]:

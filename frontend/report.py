@@ -1,4 +1,4 @@
-"""report.json and report.md for a finished run, written atomically (never half a report)."""
+"""report.json, report.md and report.html for a finished run, written atomically (never half a report)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from frontend.report_html import render_html
 from kopt.candidates import unified_diff
 from kopt.models import ShapeSpeedup, ShapeTiming
 from kopt.report_models import ReportBaseline, RunReport, WorkloadWeight
@@ -117,7 +118,8 @@ def render_markdown(report: RunReport, source_name: str, charts: list[str] | tup
     elif r.best and charts is not None and not _have_matplotlib():
         lines += ["", "(no charts: matplotlib is not installed here)"]
     gpus = any(rec.gpu_index is not None for rec in r.rounds)  # several GPUs judged the candidates: which one
-    lines += ["", "## Rounds", "", "| round | change | compiled | correct | geomean speedup |" + (" GPU |" if gpus else ""),
+    lines += ["", "## Rounds", "",
+              "| round | change | compiled | correct | geomean speedup |" + (" GPU |" if gpus else ""),
               "| --- | --- | --- | --- | --- |" + (" --- |" if gpus else "")]
     for rec in r.rounds:
         sp = f"{rec.speedup_geomean:.3f}" if rec.speedup_geomean is not None else "-"
@@ -174,6 +176,14 @@ def holdout_lines(h: HoldoutResult | None) -> list[str]:
     return lines
 
 
+def best_patch(report: RunReport, baseline_source: str, best_source: str, source_name: str) -> str:
+    """best.patch: the best's source as a diff from the baseline's, headed by the compiler flags."""
+    flags = (f"# kopt best {report.best.candidate_id}: compiler flags "
+             f"{' '.join(report.baseline.flags) or '(none)'} -> {' '.join(report.best.flags) or '(none)'}\n"
+             if report.best else "")  # patch(1) and git apply skip text before the first diff header
+    return flags + unified_diff(baseline_source, best_source, source_name)
+
+
 def write_report(report_dir: Path, report: RunReport, baseline_source: str, best_source: str,
                  source_name: str) -> Path:  # fmt: skip
     """Write all report files into a temp folder, then move it into place in one rename."""
@@ -186,10 +196,10 @@ def write_report(report_dir: Path, report: RunReport, baseline_source: str, best
         (tmp / name).write_bytes(png)
     (tmp / "report.md").write_text(render_markdown(report, source_name, list(charts)))
     (tmp / f"best_{source_name}").write_text(best_source)
-    flags = (f"# kopt best {report.best.candidate_id}: compiler flags "
-             f"{' '.join(report.baseline.flags) or '(none)'} -> {' '.join(report.best.flags) or '(none)'}\n"
-             if report.best else "")  # patch(1) and git apply skip text before the first diff header
-    (tmp / "best.patch").write_text(flags + unified_diff(baseline_source, best_source, source_name))
+    patch = best_patch(report, baseline_source, best_source, source_name)
+    (tmp / "best.patch").write_text(patch)
+    (tmp / "report.html").write_text(render_html(render_markdown(report, source_name, list(charts)), charts, patch,
+                                                 title=f"kopt report: {report.kernel} ({report.target})"))
     if report_dir.exists():
         stale = report_dir.parent / f".kopt-stale-{tmp.name}"
         os.replace(report_dir, stale)

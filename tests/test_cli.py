@@ -67,6 +67,18 @@ def test_optimize_cpu_writes_report(tmp_path):
     rendered = browser_image_widths(html)
     if rendered is not None:  # a headless Chromium here: every chart really renders
         assert len(rendered) == len(images) and all(w > 300 for w in rendered), rendered
+    # The page a reviewer opens (#29 item 12): the report's header, tables and rounds, the diff of the best,
+    # the history folded away; report.html beside report.md is the same page without the history.
+    page = html.read_text()
+    assert "<h1>kopt report: silu_and_mul (cpu)</h1>" in page and "<th>baseline us</th>" in page
+    assert "<h2>Rounds</h2>" in page and page.count("<tr>") >= 1 + len(report["rounds"]) + len(best["per_shape"])
+    assert "<h2>Diff of the best against the baseline</h2>" in page and "<details><summary>History" in page
+    assert "http://" not in page.split("</style>")[0] and "<script" not in page  # one file, nothing fetched
+    local = (reports / "report.html").read_text()
+    assert "<h2>Rounds</h2>" in local and set(embedded_pngs(local)) == set(images)
+    shot = browser_screenshot(html, tmp_path / "page.png")
+    if shot is not None:  # a headless Chromium here: the page renders as something, not a blank sheet
+        assert shot["width"] >= 800 and shot["distinct_rows"] > 50, shot
     # `export --format md` is the report (as report.md has it), then the history (#29 item 11).
     exported = kopt(["export", report["run_id"], "--format", "md"], home, timeout=120)
     assert exported.returncode == 0, exported.stderr
@@ -103,6 +115,23 @@ def browser_image_widths(page: Path) -> list[int] | None:
                            "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert "data-done" in proc.stdout, proc.stderr[-2000:]
     return [int(w) for w in re.findall(r"data-w=\"(\d+)\"", proc.stdout)]
+
+
+def browser_screenshot(page: Path, png: Path) -> dict | None:
+    """A headless Chromium screenshot of `page` (1000 px wide, 3000 tall): its width and how many of its
+    pixel rows differ from the one above (a blank or broken page has a handful); None without Chromium."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        return None
+    proc = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           "--window-size=1000,3000", f"--screenshot={png}", page.as_uri()], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert png.is_file(), proc.stderr[-2000:]
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(png)
+    rows = sum(1 for a, b in zip(pixels[:-1], pixels[1:]) if (a != b).any())
+    return {"width": pixels.shape[1], "height": pixels.shape[0], "distinct_rows": rows}
 
 
 def _assert_usage_error(proc, *needles):
