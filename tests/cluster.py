@@ -26,9 +26,11 @@ WORKER_ARGS = {
 
 
 class Cluster:
-    def __init__(self, home: Path, worker_args: dict[str, list[str]] | None = None):
+    def __init__(self, home: Path, worker_args: dict[str, list[str]] | None = None,
+                 worker_env: dict[str, dict[str, str]] | None = None):  # fmt: skip
         self.home = home
-        self.worker_args = worker_args or WORKER_ARGS  # `kopt worker` arguments by role
+        self.worker_args = worker_args or WORKER_ARGS  # `kopt worker` arguments by worker name
+        self.worker_env = worker_env or {}  # extra environment by worker name (its own KOPT_HOME, say)
         self.port = free_port()
         self.db = home / "temporal.db"
         self.server: DevServer | None = None
@@ -54,7 +56,8 @@ class Cluster:
     def start_worker(self, role: str) -> None:
         log = open(self.logs / f"{role}.log", "ab")
         self.workers[role] = subprocess.Popen(
-            [sys.executable, "-m", "frontend.cli", "worker", *self.worker_args[role]], cwd=REPO, env=self.env(),
+            [sys.executable, "-m", "frontend.cli", "worker", *self.worker_args[role]], cwd=REPO,
+            env={**self.env(), **self.worker_env.get(role, {})},
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 
