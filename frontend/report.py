@@ -119,12 +119,13 @@ def render_markdown(report: RunReport, source_name: str, charts: list[str] | tup
         lines += ["", "(no charts: matplotlib is not installed here)"]
     gpus = any(rec.gpu_index is not None for rec in r.rounds)  # several GPUs judged the candidates: which one
     lines += ["", "## Rounds", "",
-              "| round | change | compiled | correct | geomean speedup |" + (" GPU |" if gpus else ""),
-              "| --- | --- | --- | --- | --- |" + (" --- |" if gpus else "")]
+              "| round | change | compiled | correct | geomean speedup | verdict |" + (" GPU |" if gpus else ""),
+              "| --- | --- | --- | --- | --- | --- |" + (" --- |" if gpus else "")]
     for rec in r.rounds:
         sp = f"{rec.speedup_geomean:.3f}" if rec.speedup_geomean is not None else "-"
         gpu = (f" {rec.gpu_index if rec.gpu_index is not None else '-'} |") if gpus else ""
-        lines.append(f"| {rec.round} | {rec.description} | {rec.compiled} | {rec.correct} | {sp} |{gpu}")
+        lines.append(f"| {rec.round} | {rec.description} | {rec.compiled} | {rec.correct} | {sp} | "
+                     f"{_round_verdict(rec).replace('|', '/')} |{gpu}")
     lines += ["", f"The best source is in `best_{source_name}`; `best.patch` is its diff from the baseline.", ""]
     facts = r.device_facts + [f for f in r.toolchain_facts if f.startswith(("compiler:", "every build:"))]
     if facts:  # what the workers reported, as the agents' prompts showed it (with the allowed headers there)
@@ -174,6 +175,18 @@ def holdout_lines(h: HoldoutResult | None) -> list[str]:
         lines += [f"| {s.shape} | {s.dtype} | {s.baseline_us:.2f} | {s.candidate_us:.2f} | {s.speedup:.3f} |"
                   for s in h.per_shape]
     return lines
+
+
+def _round_verdict(rec) -> str:
+    """What became of a round's candidate, in the words of the run: the new best, its failure, the rule
+    that kept the best, or its shapes slower than the baseline."""
+    if rec.accepted:
+        return "new best"
+    if rec.failure:
+        return rec.failure
+    if rec.regressions:
+        return f"slower than the baseline at {', '.join(rec.regressions)}"
+    return rec.refusal.removeprefix("not the new best: ") if rec.refusal else "not the round's best"
 
 
 def best_patch(report: RunReport, baseline_source: str, best_source: str, source_name: str) -> str:

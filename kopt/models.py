@@ -226,6 +226,7 @@ class RoundRecord(BaseModel):
     versus_best: float | None = None
     versus_best_ci: list[float] | None = None
     gpu_index: int | None = None  # the GPU that timed the candidate, where the exec workers drive several
+    refusal: str | None = None  # why the round's best did not become the run's best (a rule of workflows/rules.py)
 
     @property
     def kind(self) -> RoundStatus:

@@ -72,6 +72,9 @@ def test_optimize_cpu_writes_report(tmp_path):
     page = html.read_text()
     assert "<h1>kopt report: silu_and_mul (cpu)</h1>" in page and "<th>baseline us</th>" in page
     assert "<h2>Rounds</h2>" in page and page.count("<tr>") >= 1 + len(report["rounds"]) + len(best["per_shape"])
+    # Each round says what became of its candidate: the new best, or the rule that kept the best.
+    assert "<th>verdict</th>" in page and all(r["accepted"] or r["refusal"] or r["failure"] or r["regressions"]
+                                             for r in report["rounds"]), report["rounds"]  # fmt: skip
     assert "<h2>Diff of the best against the baseline</h2>" in page and "<details><summary>History" in page
     assert "http://" not in page.split("</style>")[0] and "<script" not in page  # one file, nothing fetched
     local = (reports / "report.html").read_text()

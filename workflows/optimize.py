@@ -571,7 +571,8 @@ class OptimizeKernel:
                 correct=outcome.correct, speedup_geomean=outcome.speedup_geomean, failure=failure,
                 compile_seconds=outcome.compile.seconds if outcome.compile else None, per_shape=outcome.per_shape,
                 speedup_ci=outcome.speedup_ci, accepted=slot == accepted, regressions=slow, status=status,
-                gpu_index=gpu, **(_versus_fields(versus) if slot == best_slot else {})))
+                gpu_index=gpu, refusal=refused if slot == best_slot and slot != accepted else None,
+                **(_versus_fields(versus) if slot == best_slot else {})))
         for record in failed:
             self._event(f"round {rnd}/{record.slot}: {record.failure}")
         return sorted([*records, *failed], key=lambda r: r.slot)
