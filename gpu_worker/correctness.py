@@ -14,6 +14,7 @@ accepts the shape. The package's own code failing is a PackageFault, never the k
 from __future__ import annotations
 
 import math
+import traceback
 from dataclasses import dataclass, field
 
 import torch
@@ -138,7 +139,7 @@ def package_call(ctx: Context, what: str, group: plan.Group, fn):
     """Run the package's own code (make_inputs, reference) for a group; its failure, a device-side
     assert included (waited for here, before any kernel runs), is a PackageFault naming reference.py
     and the case, never a failure of the kernel that runs next."""
-    where = f"{ctx.job.package_dir.rstrip('/')}/reference.py"
+    where = "reference.py"  # the package's own file (a worker's unpacked copy's path says nothing to its author)
     try:
         result = fn()
         if ctx.cuda:
@@ -147,7 +148,9 @@ def package_call(ctx: Context, what: str, group: plan.Group, fn):
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the package's code raised
         first = (str(exc).strip().splitlines() or [""])[0]
-        raise PackageFault(f"{where}: {what} failed at {group.key}: {type(exc).__name__}: {first}") from None
+        lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename.endswith("reference.py")]
+        at = f"{where}, line {lines[-1]}" if lines else where  # the innermost line of the package's own file
+        raise PackageFault(f"{at}: {what} failed at {group.key}: {type(exc).__name__}: {first}") from None
     return result
 
 

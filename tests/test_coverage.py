@@ -349,8 +349,9 @@ def test_a_failing_make_inputs_is_the_packages_error_and_verify_exits_4(tmp_path
                       candidate_id="c", library=NO_ARTIFACT, shapes=spec.shapes["cpu"].test, dtypes=["float32"])
     result = asyncio.run(runner.run_test(req, libs["k"], pkg, spec, baseline=libs["k"]))
     assert not result.correct and result.failed_party == "package"
-    assert result.reason.startswith(f"package error: {pkg}/reference.py: make_inputs() failed at N=17 float32: "
-                                    "IndexError: index 99 is out of bounds"), result.reason  # fmt: skip
+    raising = next(i for i, t in enumerate((pkg / "reference.py").read_text().splitlines(), 1) if "index 99" in t)
+    assert result.reason.startswith(f"package error: reference.py, line {raising}: make_inputs() failed at N=17 "
+                                    "float32: IndexError: index 99 is out of bounds"), result.reason  # fmt: skip
     out = io.StringIO()
     code = asyncio.run(verify(pkg, pkg / "kernel.cpp", "cpu", time_cap_s=0.2, out=out, err=io.StringIO()))
     assert code == 4, out.getvalue()

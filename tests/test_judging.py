@@ -61,6 +61,16 @@ def test_a_wrong_library_is_not_profiled_and_its_failure_names_whose_code_failed
     assert judged.failed_party == "baseline"
 
 
+def test_a_fault_of_the_packages_reference_reads_package_error_not_wrong_result():
+    """#29 item 9: make_inputs() raising read "wrong result: package error: <a worker's path>/reference.py:
+    ..."; the candidate was not wrong. The reason now starts with what failed."""
+    fault = TestResult(candidate_id="c", correct=False, failed_party="package",
+                       reason="package error: reference.py: make_inputs() failed at N=17 float32: ValueError: x")
+    judged, calls = run(compiled(), fault, GOOD_PROFILE)
+    assert calls == ["test"] and judged.failed_party == "package"
+    assert (judged.status(), judged.failure()) == ("wrong result", fault.reason)
+
+
 def test_a_correct_library_is_profiled_and_a_failed_profile_is_its_outcome():
     failed = ProfileResult(candidate_id="c", ok=False, reason="T=1 float32: measurement fault",
                            failed_party="candidate")  # fmt: skip

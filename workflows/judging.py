@@ -4,7 +4,8 @@ share, and the words for what became of it.
 A compiled library is tested against the package's reference (test shapes, edge shapes, input
 variants); only a correct one is profiled, interleaved A/B with the baseline. The outcome is one
 status word (compile error, wrong result, profile failed, measured) and, where the candidate failed,
-one reason that starts with that word. Pure: no temporalio, no I/O. The steps are given by the
+one reason that starts with that word (or with "package error" where the package's own reference.py
+failed: its status word stays "wrong result", nothing was measured). Pure: no temporalio, no I/O. The steps are given by the
 caller: activities on their task queues in a workflow, the local compiler and harness in the front
 end. Workflow callers keep the order of their activities (compile, test, profile): golden histories
 replay through this module.
@@ -60,6 +61,9 @@ def outcome(compiled: CompileResult | None, tested: TestResult | None, profiled:
     if compiled is not None and not compiled.ok:
         return "compile error", f"compile error: {compile_error(compiled.log_tail)}"
     if tested is not None and not tested.correct:
+        if tested.failed_party == "package":  # reference.py failed, not the candidate: say so first
+            return "wrong result", tested.reason if (tested.reason or "").startswith("package error: ") \
+                else f"package error: {tested.reason}"
         return "wrong result", f"wrong result: {tested.reason}"
     if profiled is not None and not profiled.ok:
         return "profile failed", f"profile failed: {profiled.reason}"
