@@ -5,9 +5,9 @@ A compiled library is tested against the package's reference (test shapes, edge 
 variants); only a correct one is profiled, interleaved A/B with the baseline. The outcome is one
 status word (compile error, wrong result, profile failed, measured) and, where the candidate failed,
 one reason that starts with that word (or with "package error" where the package's own reference.py
-failed: its status word stays "wrong result", nothing was measured). Pure: no temporalio, no I/O. The steps are given by the
-caller: activities on their task queues in a workflow, the local compiler and harness in the front
-end. Workflow callers keep the order of their activities (compile, test, profile): golden histories
+failed: its status word stays "wrong result", nothing was measured). Pure: no temporalio, no I/O. The
+steps are given by the caller: activities on their task queues in a workflow, the local compiler and
+harness in the front end. Workflow callers keep the order of their activities (compile, test, profile): golden histories
 replay through this module.
 """
 
