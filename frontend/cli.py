@@ -410,7 +410,9 @@ async def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
             if args.json:
                 print(inspect.dump_json(rows))
         elif args.action == "status":
-            await inspect.status(client, args.run, reports=settings.home / "reports")
+            _, state = await inspect.status(client, args.run, reports=settings.home / "reports")
+            if state in inspect.FAILED_STATES:  # the run failed: a job that reports on it fails too
+                return exits.FAILED
         elif args.action == "watch":
             await inspect.watch(client, args.run, reports=settings.home / "reports")
         elif args.action == "history":

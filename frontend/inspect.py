@@ -124,9 +124,15 @@ def history_summary(view: RunView, reports: Path | None = None) -> list[str]:
     return lines
 
 
-async def status(client: Client, run: str, out=sys.stdout, reports: Path | None = None) -> Progress | None:
+# How a run that did not succeed reads (kopt status exits 1 for these: a CI job that reports on a run
+# stays red when the run failed).
+FAILED_STATES = ("baseline failed", "failed", "terminated", "timed_out", "canceled")
+
+
+async def status(client: Client, run: str, out=sys.stdout, reports: Path | None = None
+                 ) -> tuple[Progress | None, str]:  # fmt: skip
     """A finished run: from its history (no worker needed); a live one: its own progress query, else
-    its history."""
+    its history. Returns the live progress (None without) and the state it printed."""
     handle, desc = await describe(client, run)
     running = desc.status == WorkflowExecutionStatus.RUNNING
     progress = await live_progress(handle) if running else None
@@ -140,7 +146,7 @@ async def status(client: Client, run: str, out=sys.stdout, reports: Path | None 
             print(f"  {line}", file=out)
         for line in await llm_waits(handle, desc):
             print(f"  {line}", file=out)
-        return None
+        return None, state
     best = f"{progress.best_speedup:.3f}x" if progress.best_speedup else "-"
     print(f"  phase {progress.phase}, round {progress.round}/{progress.rounds}, segment {progress.segment}, "
           f"best {best}", file=out)
@@ -150,7 +156,7 @@ async def status(client: Client, run: str, out=sys.stdout, reports: Path | None 
         print(f"  {line}", file=out)
     for event in progress.events[-5:]:
         print(f"  {event}", file=out)
-    return progress
+    return progress, state
 
 
 async def llm_waits(handle, desc) -> list[str]:

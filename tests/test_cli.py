@@ -205,6 +205,7 @@ def test_broken_baseline_fails_without_report(tmp_path, broken, reason):
     run = last.split()[2].rstrip(":")
     status = kopt(["status", run], tmp_path / "home")
     assert f"run {run}: baseline failed" in status.stdout, status.stdout
+    assert status.returncode == 1, status  # a job that reports on a failed run fails too (#29)
     listed = kopt(["runs"], tmp_path / "home")  # the workflow completed; the run did not
     assert any(line.split()[:2] == [run, "baseline"] for line in listed.stdout.splitlines()), listed.stdout
 
