@@ -129,15 +129,15 @@ class ExecActivities:
         package_dir = self.store.unpack_tree(req.package.files, self.work_dir / "packages")
         # An audit line per real execution: how often a candidate actually ran on this device.
         resumed = resumed_partials()
-        with (self.work_dir / "executions.log").open("a") as fh:
-            fh.write(f"{time.time():.3f} {mode} {req.candidate_id} attempt={activity.info().attempt} "
-                     f"resumed={len(resumed)}\n")  # fmt: skip
-        if resumed:
-            log.info("exec_resume", mode=mode, candidate=req.candidate_id, pieces=len(resumed))
-        progress = _Progress(resumed)
         if self.gpus and not self._free:  # more activities than GPUs: the worker's slots forbid it
             raise RuntimeError(f"no free GPU of {self.gpus} for {mode} {req.candidate_id}")
         gpu = self._free.pop(0) if self.gpus else None
+        with (self.work_dir / "executions.log").open("a") as fh:
+            fh.write(f"{time.time():.3f} {mode} {req.candidate_id} attempt={activity.info().attempt} "
+                     f"resumed={len(resumed)}{'' if gpu is None else f' gpu={gpu}'}\n")  # fmt: skip
+        if resumed:
+            log.info("exec_resume", mode=mode, candidate=req.candidate_id, pieces=len(resumed))
+        progress = _Progress(resumed)
         token = VISIBLE_GPU.set(gpu)
         try:
             result = await run(req, lib, package_dir, req.package.spec, heartbeat=progress.step, baseline=baseline,

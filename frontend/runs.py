@@ -270,7 +270,10 @@ async def start_run(client, req: OptimizeRequest, wf_id: str):
         SearchAttributePair(ROUND_KEY, 0),
         SearchAttributePair(BEST_KEY, 1.0),
     ])
-    kwargs = dict(id=wf_id, task_queue=queues.WORKFLOW_QUEUE, result_type=OptimizeResult,
+    spec = req.package.spec
+    summary = (f"kopt: {spec.name} on {req.target}{f' ({req.gpu_class})' if req.gpu_class else ''}, "
+               f"{req.rounds} rounds, provider {req.provider}")  # the Web UI's one line for the run
+    kwargs = dict(id=wf_id, task_queue=queues.WORKFLOW_QUEUE, result_type=OptimizeResult, static_summary=summary,
                   id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                   id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
     try:

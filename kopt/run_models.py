@@ -176,6 +176,14 @@ class Progress(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     pending_approval: str | None = None  # candidate id waiting for an Approval update
 
+    def details(self) -> str:
+        """The run as the Web UI's "current details" show it while it runs (markdown)."""
+        best = "no best yet" if self.best_speedup is None else f"best {self.best_speedup:.3f}x"
+        head = f"**round {self.round} of {self.rounds}**: {self.phase}, {best}"
+        if self.pending_approval:
+            head += f"; waiting for approval of {self.pending_approval}"
+        return head + "".join(f"\n- {e}" for e in self.events[-3:])
+
 
 class HoldoutResult(BaseModel):
     """The best judged on shapes the search never tested or timed, against the baseline."""

@@ -9,10 +9,10 @@ import uuid
 import pytest
 
 from frontend.inspect import approve, status
-from frontend.runs import prepare_request
-from kopt import queues
+from temporalio.api.sdk.v1 import WorkflowMetadata
+
+from frontend.runs import prepare_request, start_run
 from kopt.errors import UsageError
-from kopt.run_models import OptimizeResult
 from kopt.settings import Settings
 from tests.conftest import REPO, cpu_cluster
 from workflows.optimize import OptimizeKernel
@@ -24,8 +24,7 @@ async def _run(server, home):
     req = req.model_copy(update={"approve": True})
     async with cpu_cluster(server.address, settings) as client:
         wf_id = f"approve-{uuid.uuid4()}"
-        handle = await client.start_workflow(queues.WORKFLOW_NAME, req, id=wf_id, task_queue=queues.WORKFLOW_QUEUE,
-                                             result_type=OptimizeResult)
+        handle = await start_run(client, req, wf_id)
         with pytest.raises(UsageError, match="no candidate is waiting"):
             await approve(client, wf_id, "nope", True, out=io.StringIO())
         for _ in range(600):
@@ -35,6 +34,12 @@ async def _run(server, home):
             await asyncio.sleep(0.2)
         pending = progress.pending_approval
         assert pending and progress.phase == "awaiting approval"
+        # What the Web UI shows of a live run: its one-line summary, and current details that follow it
+        # (its result panel stays empty until the run closes; issue #29 item 11).
+        assert await (await handle.describe()).static_summary() == "kopt: repeat on cpu, 1 rounds, provider offline"
+        details = (await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)).current_details
+        assert details.startswith("**round 1 of 1**: awaiting approval, best 1.000x"), details
+        assert f"- candidate {pending} (" in details and f"kopt approve RUN {pending}" in details, details
         shown = io.StringIO()
         await status(client, wf_id, out=shown)
         assert f"waiting for approval of {pending}" in shown.getvalue()

@@ -175,6 +175,9 @@ class OptimizeKernel:
     def _event(self, text: str) -> None:
         self._progress.events = [*self._progress.events, text][-MAX_EVENTS:]
         self._progress.event_total += 1
+        # What the Web UI shows as the run's current details (its result panel stays empty until the run
+        # closes): kept in the worker, answered through the built-in metadata query, never in history.
+        workflow.set_current_details(self._progress.details())
 
     # ---------------------------------------------------------------------------------- run
 
