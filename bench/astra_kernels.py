@@ -44,7 +44,8 @@ def run_kernel(kernel: str, rounds: int, gpu_class: str, out: Path, max_wall_tim
                min_gain: float | None) -> dict:  # fmt: skip
     report_dir = out / kernel
     cmd = [sys.executable, "-m", "frontend.cli", "optimize", f"kernels/{kernel}", "--target", "cuda", "--gpu-class",
-           gpu_class, "--rounds", str(rounds), "--report-dir", str(report_dir)]
+           gpu_class, "--rounds", str(rounds), "--workload", "bench",  # the paper's figures: bench shapes
+           "--report-dir", str(report_dir)]
     if max_wall_time:
         cmd += ["--max-wall-time", str(max_wall_time)]
     if min_gain is not None:

@@ -15,7 +15,7 @@ sampler=$!
 start=$(date +%s.%N)
 rm -rf "$out/report-$gpus" /tmp/kopt-home-$gpus
 KOPT_HOME=/tmp/kopt-home-$gpus python3 -m kopt optimize "$kernel" --target cuda --rounds "$rounds" --gpus "$gpus" $cands \
-  --report-dir "$out/report-$gpus" > "$out/run-$gpus.log" 2>&1
+  --workload bench --report-dir "$out/report-$gpus" > "$out/run-$gpus.log" 2>&1
 rc=$?
 end=$(date +%s.%N)
 kill $sampler

@@ -13,7 +13,7 @@ class=$(python3 -c "from gpu_worker.device import local_gpus; print(local_gpus()
 for k in ${kernels//,/ }; do
   start=$(date +%s)
   timeout 280 python3 -m frontend.cli optimize kernels/$k --target cuda --gpu-class "$class" --rounds "$rounds" \
-    --report-dir "$out/report-$k" > "$out/optimize-$k.log" 2>&1
+    --workload bench --report-dir "$out/report-$k" > "$out/optimize-$k.log" 2>&1
   echo "$k: rc $? in $(( $(date +%s) - start )) s"; grep -E "held-out|best:" "$out/optimize-$k.log"
 done
 python3 - "$out" "$rounds" "$kernels" <<'PY'

@@ -166,10 +166,12 @@ def _parser() -> argparse.ArgumentParser:
     opt.add_argument("--allow-regressions", action="store_true",
                      help="accept a new best even where it is statistically slower than the baseline at some "
                           "(shape, dtype) beyond 2%% (refused by default; the report lists every such shape)")
-    opt.add_argument("--workload", type=Path, default=None, metavar="FILE",
+    opt.add_argument("--workload", type=Path, default=None, metavar="FILE|bench",
                      help="time and optimize for the shapes a model really calls the kernel at, by weight "
                           "(TOML or CSV; `kopt workload from-trace` writes one): the objective is the "
-                          "workload-weighted time instead of the geomean over the bench shapes")  # fmt: skip
+                          "workload-weighted time instead of the geomean over the bench shapes. Default: "
+                          "the workload the package serves on the target (kernel.toml [workloads]), if it "
+                          "declares one; `bench`: the bench shapes")  # fmt: skip
     opt.add_argument("--holdout", type=int, default=2, metavar="N",
                      help="judge the best, after the last round, on shapes the search never saw: the package's "
                           "[shapes.<target>] holdout list, else N shapes derived from the bench shapes by the "

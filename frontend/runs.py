@@ -72,6 +72,27 @@ def prepare_request(kernel_dir: Path, target: str, gpu_class: str | None, rounds
                            reference_source=reference.read_text() if reference.is_file() else "")
 
 
+BENCH_SHAPES = "bench"  # `--workload bench`: the package's bench shapes, not the workload it serves
+
+
+def serving_workload(req: OptimizeRequest, args) -> Path | None:
+    """The workload file a run optimizes: --workload FILE; else the one the package declares for the
+    target (kernel.toml [workloads]); none with `--workload bench` or where the package has none."""
+    given = getattr(args, "workload", None)
+    if given is not None:
+        return None if str(given) == BENCH_SHAPES else Path(given)
+    name = req.package.spec.workloads.get(req.target)
+    kernel_dir = getattr(args, "kernel_dir", None)
+    return Path(kernel_dir) / name if name and kernel_dir is not None else None
+
+
+def objective_line(req: OptimizeRequest) -> str:
+    if not req.workload:
+        return f"geomean speedup over the {len(req.package.spec.shapes[req.target].bench)} bench shapes"
+    held = f", {len(req.holdout_shapes)} more held out" if req.holdout_shapes else ""
+    return f"workload-weighted time over {len(req.workload)} shapes{held} (`--workload bench`: the bench shapes)"
+
+
 def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> OptimizeRequest:
     """The CLI's search, budget and provider options, checked, applied to a prepared request."""
     from kopt.llm_settings import LLMSettings, llm_config
@@ -90,11 +111,12 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
     holdout = getattr(args, "holdout", 0)
     if holdout < 0:
         raise UsageError(f"--holdout must be >= 0, got {holdout}")
-    if getattr(args, "workload", None) is not None:
+    workload_file = serving_workload(req, args)
+    if workload_file is not None:
         from kopt.workload import WorkloadError, load_workload
 
         try:
-            workload, held = split_workload(load_workload(args.workload, req.package.spec), req.seed, holdout)
+            workload, held = split_workload(load_workload(workload_file, req.package.spec), req.seed, holdout)
         except WorkloadError as exc:
             raise UsageError(str(exc)) from None
     else:
@@ -232,6 +254,7 @@ async def run_optimization(req: OptimizeRequest | None, kernel_dir: Path | None,
             f"{' / ' + req.gpu_class if req.gpu_class else ''}, {req.rounds} rounds, provider {req.provider}")
         if ui_url:
             say(f"  history: {ui_url}/namespaces/{settings.namespace}/workflows/{wf_id}")
+        say(f"  objective: {objective_line(req)}")
         result = await _follow(handle, say)
         if result.status != "completed":
             raise RunFailed(f"run {wf_id}: {result.reason}")

@@ -130,6 +130,9 @@ class KernelSpec(BaseModel):
     # The values of a symbol that served models use most (kernel.toml `[sizes]`): every judgement tests
     # each of them, with the other symbols small, so a shortcut keyed on a common size is met.
     sizes: dict[str, list[int]] = Field(default_factory=dict)
+    # The workload a target's kernel serves (kernel.toml `[workloads]`: a file in the package, as
+    # `--workload` takes one): what a run of that target optimizes unless told otherwise.
+    workloads: dict[Target, str] = Field(default_factory=dict)
 
     def tunables_for(self, target: Target) -> list[Tunable]:
         return [t for t in self.tunables if t.target == target]

@@ -195,6 +195,21 @@ def symbol_range(spec: KernelSpec, symbol: str, target: str) -> tuple[int, int]:
     return 1, max(declared, default=1)
 
 
+def _check_workload(root: Path, toml_path: Path, spec: KernelSpec, target: str, name: str) -> None:
+    from kopt.workload import WorkloadError, load_workload  # it reads shapes through this module
+
+    field = f"field 'workloads.{target}'"
+    if target not in spec.targets:
+        raise PackageError(f"{toml_path}: {field}: target '{target}' is not declared in targets")
+    path = (root / name).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise PackageError(f"{toml_path}: {field}: {name!r} is outside the package folder")
+    try:
+        load_workload(path, spec)
+    except WorkloadError as exc:
+        raise PackageError(f"{toml_path}: {field}: {exc}") from None
+
+
 def _check_semantics(root: Path, toml_path: Path, spec: KernelSpec) -> None:
     symbols: set[str] = set()
     for i, arg in enumerate(spec.arguments):
@@ -248,5 +263,7 @@ def _check_semantics(root: Path, toml_path: Path, spec: KernelSpec) -> None:
     for target, dispatch in spec.dispatch.items():
         _check_dispatch(toml_path, spec, target, dispatch)
     _check_ranges(toml_path, spec, symbols)
+    for target, name in spec.workloads.items():
+        _check_workload(root, toml_path, spec, target, name)
     if not (root / "reference.py").is_file():
         raise PackageError(f"{root / 'reference.py'}: missing (the PyTorch reference and input generator)")

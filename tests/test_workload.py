@@ -5,6 +5,7 @@ tradeoff fixture: MODE 1 wins the geomean of N=1024 and N=8192, and loses their 
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import uuid
 
@@ -137,3 +138,45 @@ def test_the_workload_objective_decides_the_best(temporal_server, kopt_home, tmp
     assert (per["N=1024"] * per["N=8192"]) ** 0.5 > 1.1
     assert mode1.speedup_geomean < 0.8 and not mode1.accepted  # ... that the workload's time refuses
     assert result.best.candidate_id == req.baseline.id
+
+
+def _run_request(tmp_path, kernel_dir, *options: str):
+    from frontend.cli import _parser
+    from frontend.runs import apply_run_options
+
+    settings = Settings(home=tmp_path / "home", temporal_address="127.0.0.1:1")  # workers elsewhere: no GPU query
+    args = _parser().parse_args(["optimize", str(kernel_dir), "--target", "cuda", *options])
+    req = prepare_request(args.kernel_dir, args.target, "h100", 1, "offline", 0, settings)
+    return apply_run_options(req, args, settings)
+
+
+@pytest.mark.parametrize("kernel", ["silu_and_mul", "fused_add_rmsnorm", "merge_attn_states_lse"])
+def test_a_cuda_run_of_an_astra_package_optimizes_the_workload_it_serves(tmp_path, kernel):
+    from frontend.runs import objective_line
+
+    pkg = REPO / "kernels" / kernel
+    req = _run_request(tmp_path, pkg)
+    search, held = split_workload(load_workload(pkg / "serving.toml", req.package.spec), 0, 2)
+    assert req.workload == search and req.holdout_shapes == held
+    assert any(min(s.dims.values()) == 1 for s in req.workload + held)  # a decode step of one token
+    assert objective_line(req).startswith(f"workload-weighted time over {len(search)} shapes, 2 more held out")
+    bench = _run_request(tmp_path, pkg, "--workload", "bench")  # the bench shapes' geomean, on request
+    assert bench.workload == [] and objective_line(bench).startswith("geomean speedup over the ")
+    cpu = prepare_request(pkg, "cpu", None, 1, "offline", 0, Settings(home=tmp_path / "home"))
+    assert "cpu" not in cpu.package.spec.workloads  # a CPU run keeps the bench shapes
+
+
+@pytest.mark.parametrize("entry, message", [
+    ('cuda = "nope.toml"', "field 'workloads.cuda': ") ,
+    ('cuda = "../kernel.toml"', "'../kernel.toml' is outside the package folder"),
+    ('rocm = "serving.toml"', "workloads"),
+])  # fmt: skip
+def test_a_packages_workload_mistake_names_the_field(tmp_path, entry, message):
+    from kopt.package import PackageError
+
+    pkg = tmp_path / "silu"
+    shutil.copytree(SILU, pkg)
+    toml = pkg / "kernel.toml"
+    toml.write_text(toml.read_text().replace('cuda = "serving.toml"', entry))
+    with pytest.raises(PackageError, match=re.escape(message)):
+        load_spec(pkg)

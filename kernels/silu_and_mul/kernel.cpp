@@ -46,12 +46,11 @@ static void silu_and_mul_rows(const typename S::T *x, int64_t x_row_stride, type
 KOPT_EXPORT int kopt_silu_and_mul(const kopt_tensor *args, int32_t nargs, void *stream) {
   (void)stream;  // CPU target: always NULL
   if (args == nullptr || nargs != 2) return KOPT_ERR_ARGS;
+  for (int i = 0; i < 2; ++i)  // x [T, 2D], out [T, D]
+    if (args[i].ndim != 2 || !args[i].shape || !args[i].strides) return KOPT_ERR_ARGS;
   const kopt_tensor &x = args[0], &out = args[1];
-  if (x.ndim != 2 || out.ndim != 2 || !x.shape || !x.strides || !out.shape || !out.strides)
-    return KOPT_ERR_ARGS;
-  if (x.dtype != out.dtype) return KOPT_ERR_DTYPE;
-  if (x.dtype != KOPT_FLOAT16 && x.dtype != KOPT_BFLOAT16 && x.dtype != KOPT_FLOAT32)
-    return KOPT_ERR_DTYPE;
+  const int32_t dt = x.dtype;
+  if (out.dtype != dt || (dt != KOPT_FLOAT16 && dt != KOPT_BFLOAT16 && dt != KOPT_FLOAT32)) return KOPT_ERR_DTYPE;
   const int64_t rows = x.shape[0], d = out.shape[1];
   if (rows < 0 || d < 0 || out.shape[0] != rows || x.shape[1] != 2 * d) return KOPT_ERR_SHAPE;
   if (x.strides[1] != 1 || out.strides[1] != 1) return KOPT_ERR_SHAPE;  // rows must be dense
