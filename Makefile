@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ROUNDS ?= 5
 
-.PHONY: run test test-fast venv clean
+.PHONY: run test test-fast test-local-model venv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,9 @@ TEST_WORKERS ?= 3
 # (A/A and cheat verdicts, machine-wide process checks) alone. Both phases run; either failing fails.
 define two_phases
 	status=0; \
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial$(1)" --durations=12 || status=$$?; \
-	$(PY) -m pytest -q -m "serial$(1)" --durations=5 || status=$$?; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial and not local_model$(1)" --durations=12 \
+		|| status=$$?; \
+	$(PY) -m pytest -q -m "serial and not local_model$(1)" --durations=5 || status=$$?; \
 	exit $$status
 endef
 
@@ -39,6 +40,11 @@ test: $(VENV)/.installed
 # The inner loop: everything not marked slow (no full optimization runs).
 test-fast: $(VENV)/.installed
 	$(call two_phases, and not slow)
+
+# Opt-in, outside `make test`: kopt's agents against llama.cpp's server with SmolLM2-135M (builds
+# llama-cpp-python[server] from PyPI into its own venv on first use, ~10 min on 2 cores).
+test-local-model: $(VENV)/.installed
+	bash bench/local_model_smoke.sh
 
 clean:
 	rm -rf $(VENV) kopt-report
