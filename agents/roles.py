@@ -303,9 +303,17 @@ async def analyze(req: AnalyzeRequest) -> tuple[Diagnosis, list[LLMCall]]:
         resource_usage=(req.compile.resource_usage.strip() if req.compile else "") or "(none)",
         device=profile.device or "unknown", copy_bandwidth=bandwidth, timings=_timings(profile),
         baseline_timings=_timings(req.baseline), schema=schema_text(Diagnosis),
-        history=_history(getattr(req, "history", [])),
+        history=_history(getattr(req, "history", [])), profiler=_profiler(profile, req.baseline),
         machine=_machine(req.target, profile.device, profile.device_facts, getattr(req, "toolchain_facts", [])))
     return await chat_json(_config(req), "analyst", messages, Diagnosis, _usable_diagnosis)
+
+
+def _profiler(profile: ProfileResult, baseline: ProfileResult | None) -> str:
+    parts = [(who, p.nsight) for who, p in (("this candidate", profile), ("the baseline", baseline))
+             if p is not None and p.nsight is not None]  # fmt: skip
+    if len(parts) == 2 and profile.candidate_id == baseline.candidate_id:
+        parts = parts[:1]
+    return "\n".join(f"{who}: " + "\n".join(n.lines()) for who, n in parts) or "(none)"
 
 
 def _usable_diagnosis(diagnosis: Diagnosis) -> Diagnosis:

@@ -262,6 +262,9 @@ async def build(tc: Toolchain, source_text: str, workdir: Path, flags: list[str]
     src = workdir / ("kernel.cu" if tc.target == "cuda" else "kernel.cpp")
     out = workdir / "kernel.so"
     cmd = compile_command(tc, src, out, flags)
+    remarks = workdir / "vectorizer-remarks.txt"
+    if tc.target == "cpu" and "clang" not in tc.version.lower():  # GCC's loop-by-loop vectorizer report
+        cmd = [*cmd[:-1], f"-fopt-info-vec-all={remarks}", cmd[-1]]
     refused = check_flags(flags, tc.target) + source_problems(source_text)
     if refused:
         log = "refused before compiling: " + "\n".join(refused)  # the first reason on the line reports quote
@@ -289,8 +292,48 @@ async def build(tc: Toolchain, source_text: str, workdir: Path, flags: list[str]
         raise
     seconds = time.monotonic() - start
     log = redact(log.replace(str(src), shown_as or src.name))
-    usage = "\n".join(line for line in log.splitlines() if "ptxas info" in line)
+    if tc.target == "cuda":
+        usage = "\n".join(line for line in log.splitlines() if "ptxas info" in line)
+    else:
+        usage = vectorizer_summary(remarks.read_text(errors="replace") if remarks.is_file() else "", src.name)
     return BuildOutput(ok=ok, seconds=seconds, log=log, command=cmd, resource_usage=usage)
+
+
+REMARK = re.compile(r"^(?P<file>[^:\s]+):(?P<line>\d+):\d+: (?P<kind>optimized|missed): (?P<text>.+)$")
+MAX_REMARKS = 24
+
+
+def vectorizer_summary(remarks: str, source_name: str) -> str:
+    """GCC's vectorizer remarks (-fopt-info-vec-all) as one line per loop: vectorized (and how), or
+    left scalar with the first reasons GCC gave (they follow its "couldn't vectorize loop" line, at the
+    statement that stopped it). Headers by their base name; at most MAX_REMARKS lines."""
+    done: dict[tuple[str, int], str] = {}
+    why: dict[tuple[str, int], list[str]] = {}
+    current = None
+    for raw in remarks.splitlines():
+        m = REMARK.match(raw.strip())
+        if m is None:
+            continue
+        where, text = (Path(m["file"]).name, int(m["line"])), m["text"].strip().rstrip(".;")
+        if m["kind"] == "optimized" and "vectorized" in text:
+            done.setdefault(where, text)
+            current = where
+        elif text == "couldn't vectorize loop":
+            why.setdefault(where, [])
+            current = where
+        elif current is not None and len(why.get(current, [])) < 2:
+            reason = text.removeprefix("not vectorized: ")
+            if reason not in why.setdefault(current, []):
+                why[current].append(reason)
+    lines = []
+    for where in sorted({*done, *why}, key=lambda w: (w[0] != source_name, w)):
+        head = f"{where[0]}:{where[1]}: "
+        lines.append(head + done[where] if where in done else
+                     head + "loop not vectorized" + (f": {'; '.join(why[where])}" if why[where] else ""))
+    shown = lines[:MAX_REMARKS]
+    if len(lines) > len(shown):
+        shown.append(f"... {len(lines) - len(shown)} more loops")
+    return "\n".join(shown)
 
 
 def _first_line(cmd: list[str], pick: str | None = None) -> str:

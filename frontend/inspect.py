@@ -257,6 +257,8 @@ def history_text(view: RunView, full: bool = False) -> str:
             for t in r.profile.timings:
                 sol = f" {t.pct_sol:.1f}%SOL" if t.pct_sol is not None else ""
                 lines.append(f"  time: {t.shape} {t.dtype} median {t.median_us:.2f}us ({t.samples} samples){sol}")
+            if r.profile.nsight is not None:
+                lines.extend(f"  profiler: {line}" for line in r.profile.nsight.lines())
         for c in r.llm_calls:
             cost = f" ${c.cost_usd:.4f}" if c.cost_usd is not None else ""
             lines.append(f"  llm {c.role}: {c.model}, {c.usage.prompt_tokens}+{c.usage.completion_tokens} tokens"

@@ -27,7 +27,8 @@ def build_report(run_id: str, temporal_run_id: str, req: OptimizeRequest, res: O
             candidate_id=baseline.candidate_id, flags=baseline.flags, tunables=baseline.tunables,
             compile_seconds=baseline.compile.seconds if baseline.compile else None,
             per_shape=baseline.profile.timings if baseline.profile else [],
-            copy_bandwidth_gbs=baseline.profile.copy_bandwidth_gbs if baseline.profile else None),
+            copy_bandwidth_gbs=baseline.profile.copy_bandwidth_gbs if baseline.profile else None,
+            nsight=baseline.profile.nsight if baseline.profile else None),
         segments=res.segments, stop_reason=res.stop_reason, extra_test_shapes=[s.dims for s in res.extra_test_shapes],
         usage=res.usage, candidates_per_round=req.candidates_per_round, single_agent=req.single_agent,
         model=req.llm.model if req.llm else None, rounds=res.rounds, best=res.best,
@@ -130,7 +131,25 @@ def render_markdown(report: RunReport, source_name: str, charts: list[str] | tup
     facts = r.device_facts + [f for f in r.toolchain_facts if f.startswith(("compiler:", "every build:"))]
     if facts:  # what the workers reported, as the agents' prompts showed it (with the allowed headers there)
         lines += ["## Machine and toolchain", "", *(f"- {f}" for f in facts), ""]
+    lines += nsight_lines(r)
     return "\n".join(lines)
+
+
+def nsight_lines(r: RunReport) -> list[str]:
+    """The baseline's and the best's Nsight Compute summaries (CUDA), and what they cost the run."""
+    shown = [("Baseline", r.baseline.nsight)]
+    if r.best is not None and r.best.candidate_id != r.baseline.candidate_id:
+        shown.append((f"Best ({r.best.candidate_id})", r.best.nsight))
+    shown = [(who, n) for who, n in shown if n is not None]
+    if not shown:
+        return []
+    lines = ["## Profiler (Nsight Compute)", "",
+             f"What the profile analyst was shown; advisory (never part of a verdict). The summaries cost "
+             f"{r.usage.nsight_seconds:.1f} s of the run's {r.usage.device_seconds:.1f} device seconds.", ""]
+    for who, n in shown:
+        first, *rest = n.lines()
+        lines += [f"{who}: {first}", "", *rest, ""]
+    return lines
 
 
 def specialized_lines(sp: SpecializedResult | None) -> list[str]:

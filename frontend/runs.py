@@ -118,7 +118,8 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
         try:
             workload, held = split_workload(load_workload(workload_file, req.package.spec), req.seed, holdout)
         except WorkloadError as exc:
-            raise UsageError(str(exc)) from None
+            named = "" if getattr(args, "workload", None) is not None else " (kernel.toml [workloads] names it)"
+            raise UsageError(f"{exc}{named}") from None
     else:
         workload, held = [], holdout_shapes(req.package.spec, req.target, req.seed, holdout)
     min_gain = getattr(args, "min_gain", None)

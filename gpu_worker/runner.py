@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from containment import jail
-from gpu_worker import sanitizer, spawn, static_checks
+from gpu_worker import nsight, sanitizer, spawn, static_checks
 from gpu_worker.device import cpu_name
 from gpu_worker.protocol import PROGRESS_PREFIX, HarnessJob, host_death, new_key
 from gpu_worker.sandbox import FSIZE_LIMIT, SIGSYS_REASON
@@ -124,6 +124,9 @@ async def run_profile(
     result: ProfileResult = await _run(job, req.timeout_s, heartbeat, on_partial=on_partial)  # type: ignore[assignment]
     if result.ok and result.copy_bandwidth_gbs and job.copy_bandwidth_gbs is None:
         _COPY_BANDWIDTH[req.target] = result.copy_bandwidth_gbs  # calibrated once per worker process
+    contender = baseline is None or (result.ab is not None and result.ab.verdict == "faster")
+    if result.ok and req.target == "cuda" and req.nsight and contender:
+        result.nsight = await nsight.run(job, req.shapes, heartbeat)
     result.seconds = time.monotonic() - start
     return result
 

@@ -359,6 +359,9 @@ class ExecRequest(BaseModel):
     time_cap_s: float | None = None  # sampling cap per shape and dtype; None: the target's default
     memory_limit_mb: int = 8192  # address-space headroom of the harness (CPU target only)
     sanitize: bool = True  # compute-sanitizer memcheck on CUDA where the tool exists
+    # Profile, CUDA: a short Nsight Compute summary where the library is the baseline (no baseline_library)
+    # or came out faster than the baseline in the A/B (a contender for the best); for the profile analyst.
+    nsight: bool = False
     noise_floor: float = 0.0  # A/B: a speedup is significant only if its CI low > 1 + noise_floor
 
 
@@ -475,6 +478,47 @@ class ExecProgress(BaseModel):
     partials: list[Partial] = Field(default_factory=list)
 
 
+class NsightKernel(BaseModel):
+    """One kernel as Nsight Compute measured it (gpu_worker/nsight.py); percentages of peak."""
+
+    name: str
+    time_us: float
+    grid: str = ""
+    block: str = ""
+    registers: float | None = None  # per thread
+    occupancy_pct: float | None = None  # achieved
+    theoretical_occupancy_pct: float | None = None
+    dram_pct: float | None = None
+    l2_pct: float | None = None
+    sm_pct: float | None = None
+    stalls: dict[str, float] = Field(default_factory=dict)  # top warp-stall reasons, cycles per issued instruction
+
+    def line(self) -> str:
+        pct = lambda v: "?" if v is None else f"{v:.0f}%"  # noqa: E731
+        stalls = ", ".join(f"{k} {v:.1f}" for k, v in self.stalls.items()) or "none reported"
+        regs = "?" if self.registers is None else f"{self.registers:.0f}"
+        return (f"{self.name}: {self.time_us:.2f} us, grid {self.grid} x block {self.block}, {regs} registers/thread, "
+                f"occupancy {pct(self.occupancy_pct)} achieved of {pct(self.theoretical_occupancy_pct)}, "
+                f"DRAM {pct(self.dram_pct)}, L2 {pct(self.l2_pct)}, SM {pct(self.sm_pct)} of peak; "
+                f"top stalls (cycles per instruction): {stalls}")  # fmt: skip
+
+
+class NsightSummary(BaseModel):
+    """A short Nsight Compute profile of a CUDA library at one timed shape (advisory, for the analyst)."""
+
+    shape: str
+    dtype: str
+    kernels: list[NsightKernel] = Field(default_factory=list)
+    seconds: float = 0.0  # what it cost, tool start included
+    note: str | None = None  # why there is no profile (no tool, counters refused, timed out)
+
+    def lines(self) -> list[str]:
+        head = f"Nsight Compute at {self.shape} {self.dtype} ({self.seconds:.1f} s)"
+        if not self.kernels:
+            return [f"{head}: {self.note or 'no kernel profiled'}"]
+        return [f"{head}:", *(f"- {k.line()}" for k in self.kernels)]
+
+
 class ProfileResult(BaseModel):
     candidate_id: str
     ok: bool
@@ -493,6 +537,7 @@ class ProfileResult(BaseModel):
     # caches; compute capability, SMs, L2, shared memory, registers): the agents' prompts show them.
     gpu_index: int | None = None  # the GPU (nvidia-smi index) that timed it, where a worker drives several
     device_facts: list[str] = Field(default_factory=list)
+    nsight: NsightSummary | None = None  # CUDA, where asked (ExecRequest.nsight) and it ran
 
 
 # ---------------------------------------------------------------- workflow

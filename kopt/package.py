@@ -196,18 +196,16 @@ def symbol_range(spec: KernelSpec, symbol: str, target: str) -> tuple[int, int]:
 
 
 def _check_workload(root: Path, toml_path: Path, spec: KernelSpec, target: str, name: str) -> None:
-    from kopt.workload import WorkloadError, load_workload  # it reads shapes through this module
-
+    """The file is there, in the package; its entries are read (and checked) by kopt.workload when a
+    run takes it (frontend/runs.serving_workload)."""
     field = f"field 'workloads.{target}'"
     if target not in spec.targets:
         raise PackageError(f"{toml_path}: {field}: target '{target}' is not declared in targets")
     path = (root / name).resolve()
     if not path.is_relative_to(root.resolve()):
         raise PackageError(f"{toml_path}: {field}: {name!r} is outside the package folder")
-    try:
-        load_workload(path, spec)
-    except WorkloadError as exc:
-        raise PackageError(f"{toml_path}: {field}: {exc}") from None
+    if not path.is_file():
+        raise PackageError(f"{toml_path}: {field}: workload file {path} not found")
 
 
 def _check_semantics(root: Path, toml_path: Path, spec: KernelSpec) -> None:

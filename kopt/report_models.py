@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from kopt.models import RoundRecord, ShapeTiming
+from kopt.models import NsightSummary, RoundRecord, ShapeTiming
 from kopt.run_models import BestSummary, HoldoutResult, SpecializedResult, Usage
 
 
@@ -20,6 +20,7 @@ class ReportBaseline(BaseModel):
     compile_seconds: float | None = None
     per_shape: list[ShapeTiming] = Field(default_factory=list)
     copy_bandwidth_gbs: float | None = None
+    nsight: NsightSummary | None = None  # CUDA: its Nsight Compute summary at one timed shape
 
 
 class WorkloadWeight(BaseModel):

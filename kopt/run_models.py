@@ -14,6 +14,7 @@ from kopt.agent_models import LLMCall, LLMConfig
 from kopt.models import (
     Candidate,
     CompileResult,
+    NsightSummary,
     PackageRef,
     ProfileResult,
     RoundRecord,
@@ -42,6 +43,7 @@ class Usage(BaseModel):
     cost_usd: float = 0.0
     unpriced_calls: int = 0
     device_seconds: float = 0.0
+    nsight_seconds: float = 0.0  # of device_seconds: the Nsight Compute summaries (CUDA)
 
     def add_calls(self, calls: list[LLMCall]) -> None:
         for c in calls:
@@ -98,6 +100,7 @@ class BestSummary(BaseModel):
     tunables: dict[str, int]
     flags: list[str]
     source: str
+    nsight: NsightSummary | None = None  # its Nsight Compute summary (CUDA), from the profile that judged it
 
 
 class RunState(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import re
 
 import pytest
 
@@ -26,6 +27,42 @@ def test_cpu_baseline_builds_and_exports_entry(tmp_path):
     lib = ctypes.CDLL(str(tmp_path / "b" / "kernel.so"))
     assert hasattr(lib, SPEC.entry)
     assert not hasattr(lib, "silu_and_mul_rows")  # only the entry point is exported
+
+
+def test_a_cpu_build_reports_what_the_vectorizer_did_with_each_loop(tmp_path):
+    # The profile analyst's CPU counterpart of ptxas -v (#27 item 3): GCC's remarks, one line per loop.
+    rmsnorm = (REPO / "kernels" / "fused_add_rmsnorm" / "kernel.cpp").read_text()
+    _, out = _build("cpu", rmsnorm, tmp_path, ["-O3"])
+    assert out.ok, out.log
+    lines = out.resource_usage.splitlines()
+    assert any(re.fullmatch(r"kernel\.cpp:\d+: loop vectorized using \d+ byte vectors", ln) for ln in lines), lines
+    # A loop left scalar names why: the square root in the row loop keeps it scalar here.
+    assert any(re.fullmatch(r"kernel\.cpp:\d+: loop not vectorized: .+", ln) for ln in lines), lines
+    assert "remark" not in out.log and "vectorized" not in out.log  # the build log is unchanged
+    # The same source with the loops written as a while over a pointer GCC cannot count: nothing vectorized.
+    _, plain = _build("cpu", "float s(const float *p) { float a = 0; while (*p) a += *p++; return a; }",
+                      tmp_path / "plain", ["-O3"])  # fmt: skip
+    assert plain.ok and "loop vectorized" not in plain.resource_usage
+    assert "kernel.cpp:1: loop not vectorized" in plain.resource_usage, plain.resource_usage
+
+
+def test_vectorizer_summary_keeps_the_reasons_with_their_loop():
+    remarks = "\n".join([
+        "kernel.cpp:31:25: missed: couldn't vectorize loop",
+        "kernel.cpp:32:17: missed: not vectorized: no vectype for stmt: gate[i_57] = _66;",
+        "/usr/include/c++/12/cmath:223:26: missed: statement clobbers memory: _92 = __builtin_expf (_90);",
+        "kernel.cpp:32:17: missed: not vectorized: a third reason",
+        "kernel.cpp:40:5: optimized: loop vectorized using 64 byte vectors",
+        "kernel.cpp:40:5: note: vectorized 1 loops in function.",
+        "/p/kopt_cpu_half.h:26:12: missed: couldn't vectorize loop",
+    ])  # fmt: skip
+    assert build.vectorizer_summary(remarks, "kernel.cpp").splitlines() == [
+        "kernel.cpp:31: loop not vectorized: no vectype for stmt: gate[i_57] = _66; "
+        "statement clobbers memory: _92 = __builtin_expf (_90)",
+        "kernel.cpp:40: loop vectorized using 64 byte vectors",
+        "kopt_cpu_half.h:26: loop not vectorized",
+    ]  # fmt: skip
+    assert build.vectorizer_summary("", "kernel.cpp") == ""
 
 
 def test_compile_error_is_data(tmp_path):

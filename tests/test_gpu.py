@@ -30,7 +30,7 @@ def test_optimize_cuda_end_to_end(tmp_path):
     reports = tmp_path / "report"
     proc = subprocess.run(
         [sys.executable, "-m", "frontend.cli", "optimize", str(SILU), "--target", "cuda", "--gpu-class", gpu_class,
-         "--rounds", "2", "--report-dir", str(reports)],
+         "--rounds", "2", "--workload", "bench", "--report-dir", str(reports)],
         cwd=REPO, env=kopt_env(tmp_path / "home"), capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stderr
@@ -41,6 +41,21 @@ def test_optimize_cuda_end_to_end(tmp_path):
     assert report["best"]["correct"] and report["best"]["speedup_geomean"] >= 1.0
     timings = report["baseline"]["per_shape"]
     assert timings and all(t["median_us"] > 0 and t["pct_sol"] > 0 for t in timings)
+    # Nsight Compute's summary of the baseline at one timed shape (#27 item 3): in the report and the
+    # analyst's prompt, with what it cost.
+    nsight = report["baseline"]["nsight"]
+    print("nsight:", json.dumps(nsight), "cost:", report["usage"]["nsight_seconds"], "of",
+          report["usage"]["device_seconds"])  # fmt: skip
+    assert nsight["note"] is None and nsight["kernels"], nsight
+    top = nsight["kernels"][0]
+    assert top["time_us"] > 0 and 0 < top["occupancy_pct"] <= 100 and 0 < top["dram_pct"] <= 100, top
+    assert top["registers"] > 0 and top["stalls"] and top["grid"] and top["block"], top
+    assert 0 < report["usage"]["nsight_seconds"] < report["usage"]["device_seconds"]
+    md = (reports / "report.md").read_text()
+    assert "## Profiler (Nsight Compute)" in md and f"Baseline: Nsight Compute at {nsight['shape']}" in md, md
+    history = subprocess.run([sys.executable, "-m", "frontend.cli", "history", report["run_id"]], cwd=REPO,
+                             env=kopt_env(tmp_path / "home"), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert f"  profiler: Nsight Compute at {nsight['shape']} {nsight['dtype']}" in history.stdout, history.stdout[-3000:]
 
     # The best as a torch op on the GPU: exported, built (ninja, nvcc), checked against the reference
     # at every test shape and dtype, eagerly and under torch.compile; a wrong kernel in it is caught.

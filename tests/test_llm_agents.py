@@ -48,6 +48,8 @@ from kopt.models import (
     Candidate,
     CodeRequest,
     CompileResult,
+    NsightKernel,
+    NsightSummary,
     PackageRef,
     Plan,
     PlanRequest,
@@ -171,7 +173,10 @@ def test_analyze(pkg, best):
     ptxas = "ptxas info    : Used 18 registers, 380 bytes cmem[0]"
     profile = ProfileResult(candidate_id=best.id, ok=True, device="NVIDIA H100 80GB HBM3", copy_bandwidth_gbs=3000,
                             timings=[ShapeTiming(shape="T=512,D=14336", dtype="bfloat16", median_us=25.0, p10_us=24.5,
-                                                 p90_us=26.0, samples=200, gbytes_per_s=1875.0, pct_sol=62.5)])
+                                                 p90_us=26.0, samples=200, gbytes_per_s=1875.0, pct_sol=62.5)],
+                            nsight=NsightSummary(shape="T=512,D=14336", dtype="bfloat16", seconds=7.5, kernels=[
+                                NsightKernel(name="silu_kernel", time_us=24.1, dram_pct=81.0, occupancy_pct=45.0,
+                                             stalls={"long_scoreboard": 30.2})]))  # fmt: skip
     answer = {"bottleneck": "memory-bound at 62.5% SOL", "evidence": ["1875 GB/s of 3000"],
               "suggestions": ["16-byte loads for odd D"]}
     with FakeOpenAI([Reply.json(answer)]) as srv:
@@ -182,6 +187,9 @@ def test_analyze(pkg, best):
     assert diagnosis == Diagnosis(**answer)
     prompt = srv.requests[0].text
     assert ptxas in prompt and "62.5% SOL" in prompt and "3000 GB/s" in prompt and "H100" in prompt
+    # What Nsight Compute measured, once (the baseline is this candidate here): #27 item 3.
+    assert prompt.count("Nsight Compute at T=512,D=14336 bfloat16 (7.5 s):") == 1, prompt
+    assert "- silu_kernel: 24.10 us" in prompt and "DRAM 81%" in prompt and "long_scoreboard 30.2" in prompt
     assert "(none yet: this is the first round)" in prompt  # no rounds to show yet
     assert calls[0].role == "analyst"
 

@@ -167,7 +167,7 @@ def test_a_cuda_run_of_an_astra_package_optimizes_the_workload_it_serves(tmp_pat
 
 
 @pytest.mark.parametrize("entry, message", [
-    ('cuda = "nope.toml"', "field 'workloads.cuda': ") ,
+    ('cuda = "nope.toml"', "field 'workloads.cuda': workload file "),
     ('cuda = "../kernel.toml"', "'../kernel.toml' is outside the package folder"),
     ('rocm = "serving.toml"', "workloads"),
 ])  # fmt: skip
@@ -180,3 +180,15 @@ def test_a_packages_workload_mistake_names_the_field(tmp_path, entry, message):
     toml.write_text(toml.read_text().replace('cuda = "serving.toml"', entry))
     with pytest.raises(PackageError, match=re.escape(message)):
         load_spec(pkg)
+
+
+def test_an_invalid_entry_in_a_packages_workload_stops_the_run_that_takes_it(tmp_path):
+    from kopt.errors import UsageError
+
+    pkg = tmp_path / "silu"
+    shutil.copytree(SILU, pkg)
+    (pkg / "serving.toml").write_text("[[shape]]\nweight = 1\nT = 4\n")  # D missing
+    with pytest.raises(UsageError, match=re.escape("missing symbols ['D'] (the package's shape symbols are "
+                                                   "['D', 'T']) (kernel.toml [workloads] names it)")):
+        _run_request(tmp_path, pkg)
+    assert _run_request(tmp_path, pkg, "--workload", "bench").workload == []

@@ -412,7 +412,7 @@ class OptimizeKernel:
             state.best_summary = BestSummary(
                 candidate_id=cand.id, round=state.best_summary.round, correct=True,
                 speedup_geomean=outcome.speedup_geomean, per_shape=outcome.per_shape, speedup_ci=outcome.speedup_ci,
-                tunables=cand.tunables, flags=cand.flags, source=cand.source)
+                tunables=cand.tunables, flags=cand.flags, source=cand.source, nsight=_nsight(outcome))
             self._progress.best_speedup = outcome.speedup_geomean
         self._event(f"shape-specialized: {outcome.speedup_geomean:.3f}x against the best's {before:.3f}x"
                     + (" -> new best" if result.accepted else f"; kept the best ({result.reason})"))
@@ -545,7 +545,7 @@ class OptimizeKernel:
                     state.best_summary = BestSummary(
                         candidate_id=cand.id, round=rnd, correct=True, speedup_geomean=outcome.speedup_geomean,
                         per_shape=outcome.per_shape, speedup_ci=outcome.speedup_ci, tunables=cand.tunables,
-                        flags=cand.flags, source=cand.source)
+                        flags=cand.flags, source=cand.source, nsight=_nsight(outcome))
                     self._progress.best_speedup = outcome.speedup_geomean
 
         records = []
@@ -772,10 +772,13 @@ class OptimizeKernel:
             request = ExecRequest(package=req.package, target=req.target, candidate_id=cand.id,
                                   library=compiled.library, shapes=shape_list, dtypes=req.package.spec.dtypes,
                                   seed=req.seed * 1_000_003 + rnd, source=cand.source, baseline_library=baseline,
-                                  baseline_id=req.baseline.id if baseline else None, time_cap_s=req.time_cap_s)
+                                  baseline_id=req.baseline.id if baseline else None, time_cap_s=req.time_cap_s,
+                                  nsight=defn is PROFILE and req.target == "cuda")
             self._progress.phase = defn.name
             result = await defn.execute(request, **self._options(defn, req, at))
             self._usage.device_seconds += result.seconds
+            if getattr(result, "nsight", None) is not None:
+                self._usage.nsight_seconds += result.nsight.seconds
             return result
 
         judged = await judging.judge(compiled, lambda: run_exec(TEST, [*shapes.test, *extra_shapes]),
@@ -795,6 +798,10 @@ def _score(state: RunState, outcome: CandidateOutcome, floored: bool) -> list[st
     if ab and ab.ci_low is not None:
         outcome.speedup_ci = [ab.ci_low, ab.ci_high]
     return [f"{s.shape} {s.dtype}" for s in outcome.per_shape if s.regression()]
+
+
+def _nsight(outcome: CandidateOutcome):
+    return outcome.profile.nsight if outcome.profile is not None else None
 
 
 def _judging_seconds(outcome: CandidateOutcome) -> float | None:
