@@ -14,20 +14,8 @@ from pydantic import BaseModel, Field, StrictInt, field_validator
 
 from kopt import expr
 from kopt.models import EVALUATING as MODELS_EVALUATING
-from kopt.models import (
-    Candidate,
-    CodeRequest,
-    CodeResult,
-    CompileResult,
-    KernelSpec,
-    PackageRef,
-    Plan,
-    PlanRequest,
-    ProfileResult,
-    RoundRecord,
-    Shape,
-    Target,
-)
+from kopt.models import Candidate, CodeRequest, CodeResult, CompileResult, KernelSpec, PackageRef, Plan, PlanRequest
+from kopt.models import ProfileResult, RoundRecord, Shape, Target
 
 AgentRole = Literal["test_designer", "analyst", "planner", "coder", "repair", "single_agent"]
 ROLES: tuple[str, ...] = ("test_designer", "analyst", "planner", "coder", "repair", "single_agent")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -212,112 +213,10 @@ def test_cuda_libraries_baselines_pass_and_a_hidden_system_call_is_refused(tmp_p
 
 # ---------------------------------------------------------------- the source rules on snippets
 
-FLAGGED = {
-    "syscall split across literals": ('void f() { asm volatile("sys" "call" ::: "memory"); }', "cpu",
-                                      "makes system calls itself (syscall)"),
-    "syscall split across lines": ('void f() { asm volatile("sys"\n /* a comment */ "call"); }', "cpu",
-                                   "line 1: makes system calls itself (syscall)"),
-    "syscall spliced": ('void f() { asm volatile("sys\\\ncall"); }', "cpu", "makes system calls itself"),
-    "syscall in a raw literal": ('const char *p = R"x(syscall)x";', "cpu", "makes system calls itself"),
-    "sysenter": ('void f() { asm("sysenter"); }', "cpu", "makes system calls itself (sysenter)"),
-    "any inline assembly in a CPU kernel": ('void f() { asm volatile("pause" ::: "memory"); }', "cpu",
-                                            "inline assembly in a CPU kernel (pause)"),
-    "an immediate that spells a syscall, in asm": ('void f() { asm volatile("movl $0x90c3050f, %%eax" ::: "eax"); }',
-                                                   "cpu", "inline assembly in a CPU kernel (movl $0x90c3050f"),
-    "int $0x80": ('void f() { asm("int $0x80"); }', "cpu", "makes system calls itself (int $0x80)"),
-    "intel int 0x80": ('void f() { asm(".intel_syntax noprefix\\n int 0x80\\n .att_syntax"); }', "cpu",
-                       "raises a software interrupt or makes a system call in inline assembly (int 0x80)"),
-    "aarch64 svc": ('void f() { asm volatile("svc #0"); }', "cpu", "makes a system call in inline assembly (svc #0)"),
-    ".byte": ('void f() { asm(".byte 0x0f, 0x05"); }', "cpu", "emits raw bytes from inline assembly (.byte)"),
-    ".byte in hex escapes": ('void f() { asm("\\x2e" "byte 0x0f, 0x05"); }', "cpu", "(.byte)"),
-    ".word in octal escapes": ('void f() { asm("\\056word 0x050f"); }', "cpu", "(.word)"),
-    ".inst": ('void f() { asm(".inst 0xd4000001"); }', "cpu", "emits raw bytes from inline assembly (.inst)"),
-    ".quad": ('asm(".quad 0x050f");', "cpu", "(.quad)"),
-    ".balign with a fill byte": ('asm(".balign 4, 0x0f");', "cpu", "emits raw bytes"),
-    "asm keyword from a macro": ('#define A __asm__ __volatile__\nvoid f() { A("nop"); }', "cpu",
-                                 "line 1: an asm keyword without its template"),
-    "cpuid": ('void f(unsigned *a) { asm volatile("cpuid" : "+a"(*a) :: "ebx", "ecx", "edx"); }', "cpu",
-              "asks the CPU who it is in inline assembly (cpuid)"),
-    "rdtscp": ('void f() { asm volatile("rdtscp" ::: "eax", "edx", "ecx"); }', "cpu", "cycle counter (rdtscp)"),
-    "getenv": ("int f() { return std::getenv(\"X\") != nullptr; }", "cpu", "reads the process environment (getenv)"),
-    "secure_getenv": ("extern \"C\" char *secure_getenv(const char *);", "cpu", "environment (secure_getenv)"),
-    "environ": ("extern char **environ; int f() { return environ != 0; }", "cpu", "environment (environ)"),
-    "__environ": ("extern char **__environ;", "cuda", "environment (__environ)"),
-    "getenv by asm label": ('extern "C" char *ge(const char *) asm("getenv");', "cuda", "environment (getenv)"),
-    "getpid called from asm": ('void f() { asm volatile("call getpid@PLT"); }', "cuda", "which process it is (getpid)"),
-    "gettid": ("int f() { return gettid(); }", "cpu", "which process it is (gettid)"),
-    "uname": ("struct utsname u; int f() { return uname(&u); }", "cpu", "which machine or CPU it runs on (uname)"),
-    "sysconf": ("long f() { return sysconf(84); }", "cpu", "which machine or CPU it runs on (sysconf)"),
-    "ttyname": ("char *f() { return ttyname(2); }", "cpu", "terminal (ttyname)"),
-    "getrusage": ("int f(void *u) { return getrusage(0, u); }", "cpu", "resource limits or usage (getrusage)"),
-    "times": ("long f(void *t) { return times(t); }", "cpu", "reads a clock (times)"),
-    "std::time": ("long f() { return std::time(nullptr); }", "cpu", "reads a clock (time)"),
-    "__builtin_ia32_rdtsc": ("long f() { return __builtin_ia32_rdtsc(); }", "cuda", "cycle counter"),
-    "__builtin_readcyclecounter": ("long f() { return __builtin_readcyclecounter(); }", "cpu", "cycle counter"),
-    "__builtin_frame_address": ("void *f() { return __builtin_frame_address(1); }", "cpu", "walks the stack"),
-    "__libc_ symbols": ("extern void *__libc_stack_end;", "cpu", "libc's own state (__libc_stack_end)"),
-    "dladdr": ("int f(void *p, void *i) { return dladdr(p, i); }", "cpu", "loader's or libc's own state (dladdr)"),
-    "%smid": ('__device__ unsigned f() { unsigned r; asm("mov.u32 %0, %%smid;" : "=r"(r)); return r; }', "cuda",
-              "reads which SM or grid runs it (%smid)"),
-    "%nsmid": ('__device__ unsigned f() { unsigned r; asm("mov.u32 %0, %%nsmid;" : "=r"(r)); return r; }', "cuda",
-               "(%nsmid)"),
-    "%gridid": ('__device__ long f() { long r; asm("mov.u64 %0, %%gridid;" : "=l"(r)); return r; }', "cuda",
-                "(%gridid)"),
-    "%envreg": ('__device__ unsigned f() { unsigned r; asm("mov.u32 %0, %%envreg3;" : "=r"(r)); return r; }',
-                "cuda", "(%envreg3)"),
-    "%globaltimer": ('__device__ long f() { long r; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(r)); return r; }',
-                     "cuda", "device timers in inline assembly (%globaltimer)"),
-    "clock64": ("__global__ void k(long *t) { *t = clock64(); }", "cuda", "reads a clock (clock64)"),
-    "clock": ("__global__ void k(long *t) { *t = clock(); }", "cuda", "reads a clock (clock)"),
-    # The thread control block (glibc caches the thread id in it: %fs:0x2d0 is the pid of a single-threaded
-    # process, small in the harness's pid namespace; red team, 2026-11-25)
-    "%fs in asm with operands": ('int f() { int r; asm volatile("movl %%fs:0x2d0, %0" : "=r"(r)); return r; }',
-                                 "cpu", "reads the thread control block directly (%%fs:0x2d0)"),
-    "%fs in basic asm": ('void f() { asm("movl %fs:0x2d0, %eax"); }', "cpu", "thread control block directly (%fs:"),
-    "%gs": ('void f() { asm volatile("movq %%gs:0, %%rax" ::: "rax"); }', "cpu", "thread control block directly (%%gs"),
-    "intel fs:": ('void f() { asm(".intel_syntax noprefix\\n mov eax, dword ptr fs:[0x2d0]\\n .att_syntax"); }',
-                  "cpu", "thread control block directly (fs:[0x2d0])"),
-    "bare fs prefix": ('void f() { asm("fs movl 0x2d0, %eax"); }', "cpu", "thread control block directly (fs)"),
-    "%fs from host code in a .cu": ('int f() { int r; asm("movl %%fs:0x2d0, %0" : "=r"(r)); return r; }', "cuda",
-                                    "thread control block directly"),
-    "rdfsbase": ('long f() { long r; asm volatile("rdfsbase %0" : "=r"(r)); return r; }', "cpu",
-                 "thread control block directly (rdfsbase)"),
-    "rdgsbase split": ('long f() { long r; asm volatile("rdgs" "base %0" : "=r"(r)); return r; }', "cpu", "(rdgsbase)"),
-    "__builtin_ia32_rdfsbase64": ("long f() { return __builtin_ia32_rdfsbase64(); }", "cpu",
-                                  "thread control block directly (__builtin_ia32_rdfsbase64)"),
-    "_readfsbase_u64": ("long f() { return _readfsbase_u64(); }", "cpu", "(_readfsbase_u64)"),
-    "_readgsbase_u32": ("long f() { return _readgsbase_u32(); }", "cuda", "(_readgsbase_u32)"),
-    "__seg_fs": ("int f() { return *(const int __seg_fs *)0x2d0; }", "cpu", "thread control block directly (__seg_fs)"),
-    "__seg_gs": ("int f() { return *(const int __seg_gs *)0; }", "cpu", "(__seg_gs)"),
-    "__builtin_thread_pointer": ("int f() { return ((int *)__builtin_thread_pointer())[180]; }", "cpu",
-                                 "thread control block directly (__builtin_thread_pointer)"),
-    "arch_prctl": ("long f(unsigned long *p) { return arch_prctl(0x1003, p); }", "cpu", "(arch_prctl)"),
-    "pthread_self": ("int f() { return ((int *)pthread_self())[180]; }", "cpu",
-                     "thread control block directly (pthread_self)"),
-    "cuda::ptx::get_sreg_smid": ("__device__ int f() { return cuda::ptx::get_sreg_smid(); }", "cuda",
-                                 "(get_sreg_smid)"),
-}
-HONEST = {
-    "PTX loads, predicates and lane ids": (
-        '__device__ float f(const float *p) { float v; unsigned l;\n'
-        '  asm volatile("ld.global.nc.L1::no_allocate.f32 %0, [%1];" : "=f"(v) : "l"(p));\n'
-        '  asm volatile("{ .reg .pred q; setp.ne.b32 q, %0, 0; }" :: "r"(1));\n'
-        '  asm("mov.u32 %0, %%laneid;" : "=r"(l));\n'
-        '  asm volatile(".shared .align 16 .b8 buf[16];");\n'
-        '  return v + l; }', "cuda"),
-    "a compiler barrier (an empty template)": ('void f() { asm volatile("" ::: "memory"); }', "cpu"),
-    "PTX in CUDA": ('__device__ void f() { asm volatile("membar.gl;" ::: "memory"); }', "cuda"),
-    "register variables": ('long f() { register long r10 asm("r10") = 1; return r10; }', "cpu"),
-    "members and variables named like probes": (
-        "struct T { int clock; float times; };\n"
-        "float f(T t, T *p, float time) { return t.clock + p->times + time + p->clock; }", "cpu"),
-    "CPU feature dispatch": ('int f() { return __builtin_cpu_supports("avx2"); }', "cpu"),
-    "words in printed strings": ('void f() { printf("time %d, clock %d, an int\\n", 1, 2); }', "cpu"),
-    "thread_local and __thread state": (
-        "static thread_local float buf[256];\nstatic __thread int n;\n"
-        "float f(float fs, float gs) { buf[n++ & 255] = fs; return buf[0] + gs; }", "cpu"),
-    "names in comments": ("// getenv, getpid, syscall, rdtsc and %smid in a comment\n/* asm(\"syscall\") */", "cpu"),
-}
+# The snippets, one case a key: FLAGGED[case] = [source, target, what one of its violations must contain],
+# HONEST[case] = [source, target].
+SNIPPETS = tomllib.loads((Path(__file__).parent / "static_refusal_snippets.toml").read_text())
+FLAGGED, HONEST = SNIPPETS["flagged"], SNIPPETS["honest"]
 
 
 @pytest.mark.parametrize("case", list(FLAGGED))

@@ -63,11 +63,11 @@ static void fused_add_rmsnorm_rows(typename S::T *x, int64_t xs, typename S::T *
 KOPT_EXPORT int kopt_fused_add_rmsnorm(const kopt_tensor *args, int32_t nargs, void *stream) {
   (void)stream;  // CPU target: always NULL
   if (args == nullptr || nargs != 3) return KOPT_ERR_ARGS;
+  for (int i = 0; i < 3; ++i)  // input [T, H], residual [T, H], weight [H]
+    if (args[i].ndim != (i < 2 ? 2 : 1) || !args[i].shape || !args[i].strides) return KOPT_ERR_ARGS;
   const kopt_tensor &x = args[0], &r = args[1], &w = args[2];
-  if (x.ndim != 2 || r.ndim != 2 || w.ndim != 1) return KOPT_ERR_ARGS;
-  if (!x.shape || !x.strides || !r.shape || !r.strides || !w.shape || !w.strides) return KOPT_ERR_ARGS;
-  if (x.dtype != r.dtype || x.dtype != w.dtype) return KOPT_ERR_DTYPE;
-  if (x.dtype != KOPT_FLOAT16 && x.dtype != KOPT_BFLOAT16 && x.dtype != KOPT_FLOAT32)
+  const int32_t dt = x.dtype;
+  if (r.dtype != dt || w.dtype != dt || (dt != KOPT_FLOAT16 && dt != KOPT_BFLOAT16 && dt != KOPT_FLOAT32))
     return KOPT_ERR_DTYPE;
   const int64_t rows = x.shape[0], h = x.shape[1];
   if (rows < 0 || h < 0 || r.shape[0] != rows || r.shape[1] != h || w.shape[0] != h) return KOPT_ERR_SHAPE;

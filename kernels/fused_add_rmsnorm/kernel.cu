@@ -128,6 +128,20 @@ __device__ __forceinline__ float weight_at(const Pack<T, V> &p, int k) { return 
 template <typename T, int V>
 __device__ __forceinline__ float weight_at(const Raw<T, V> &p, int k) { return p.get(k); }
 
+// Pass 1 on one pack held in registers (modes 2, 3, 4): s = a + b per element, ss += s^2, and the new
+// residual (s rounded) stored to *rp as soon as s is known.
+template <int SH, typename T, int V>
+__device__ __forceinline__ void pass1_pack(const Raw<T, V> &a, const Raw<T, V> &b, Pack<T, V> *rp, float &ss) {
+  Pack<T, V> ro;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const float s = a.get(k) + b.get(k);
+    ss += s * s;
+    ro.v[k] = from_f32<T>(s);
+  }
+  store_pack<SH>(rp, ro);
+}
+
 // RP: register packs per thread (mode 2); LH, SH: load and store hints of this launch.
 template <typename T, int V, int MODE, int RP, int LH, int SH>
 __global__ void __launch_bounds__(THREADS, MODE == 2 ? MIN_BLOCKS : 0)
@@ -173,16 +187,7 @@ fused_add_rmsnorm_kernel(T *__restrict__ x, int64_t xs, T *__restrict__ r, int64
 #pragma unroll
         for (int p = 0; p < RP; ++p) {
           const int i = tid + p * GROUP;
-          if (i < n) {
-            P ro;
-#pragma unroll
-            for (int k = 0; k < V; ++k) {
-              const float s = ra[p].get(k) + rb[p].get(k);
-              ss += s * s;
-              if constexpr (RE) ro.v[k] = from_f32<T>(s);
-            }
-            if constexpr (RE) store_pack<SH>(rp + i, ro);
-          }
+          if (i < n) pass1_pack<SH>(ra[p], rb[p], rp + i, ss);  // RE: the new residual is stored in pass 1
           ra[p].hide(), rb[p].hide();
         }
       } else {
@@ -382,16 +387,7 @@ fused_add_rmsnorm_rows_kernel(T *__restrict__ x, int64_t xs, T *__restrict__ r, 
 #pragma unroll
     for (int p = 0; p < RP; ++p) {
       const int i = col + p * STRIDE;
-      if (i < n) {
-        P ro;
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-          const float s = a[p].get(k) + b[p].get(k);
-          ss += s * s;
-          ro.v[k] = from_f32<T>(s);
-        }
-        store_pack<SH>(rp + i, ro);
-      }
+      if (i < n) pass1_pack<SH>(a[p], b[p], rp + i, ss);
       a[p].hide(), b[p].hide();
     }
 #pragma unroll
@@ -726,14 +722,14 @@ KOPT_EXPORT int kopt_fused_add_rmsnorm(const kopt_tensor *args, int32_t nargs, v
   const kopt_tensor &x = args[0], &r = args[1], &w = args[2];
   if (x.ndim != 2 || r.ndim != 2 || w.ndim != 1) return KOPT_ERR_ARGS;
   if (!x.shape || !x.strides || !r.shape || !r.strides || !w.shape || !w.strides) return KOPT_ERR_ARGS;
-  if (x.dtype != r.dtype || x.dtype != w.dtype) return KOPT_ERR_DTYPE;
-  if (x.dtype != KOPT_FLOAT16 && x.dtype != KOPT_BFLOAT16 && x.dtype != KOPT_FLOAT32)
+  const int32_t dt = x.dtype;
+  if (r.dtype != dt || w.dtype != dt || (dt != KOPT_FLOAT16 && dt != KOPT_BFLOAT16 && dt != KOPT_FLOAT32))
     return KOPT_ERR_DTYPE;
-  const int64_t rows = x.shape[0], h = x.shape[1];
-  if (rows < 0 || h < 0 || r.shape[0] != rows || r.shape[1] != h || w.shape[0] != h) return KOPT_ERR_SHAPE;
+  const int64_t rows = x.shape[0], h = x.shape[1];  // in-row indices are int: h <= INT_MAX / 4
+  if (rows < 0 || h < 0 || h > INT_MAX / 4 || r.shape[0] != rows || r.shape[1] != h || w.shape[0] != h)
+    return KOPT_ERR_SHAPE;
   if (x.strides[1] != 1 || r.strides[1] != 1 || w.strides[0] != 1) return KOPT_ERR_SHAPE;  // dense rows
-  if (h > INT_MAX / 4) return KOPT_ERR_SHAPE;  // in-row indices are int
-  if (rows == 0 || h == 0) return KOPT_OK;     // nothing to launch
+  if (rows == 0 || h == 0) return KOPT_OK;  // nothing to launch
   if (!x.data || !r.data || !w.data) return KOPT_ERR_ARGS;
 
   cudaStream_t s = static_cast<cudaStream_t>(stream);

@@ -50,20 +50,13 @@ static_assert(LSE_MODE >= 0 && LSE_MODE <= 2, "LSE_MODE is 0, 1 or 2");
 __device__ __forceinline__ bool is_inf(float f) { return (__float_as_uint(f) & 0x7fffffffu) == 0x7f800000u; }
 __device__ __forceinline__ bool is_nan(float f) { return (__float_as_uint(f) & 0x7fffffffu) > 0x7f800000u; }
 
-__device__ __forceinline__ float exp_(float x) {
 #if FAST_EXP
-  return __expf(x);
+__device__ __forceinline__ float exp_(float x) { return __expf(x); }
+__device__ __forceinline__ float log_(float x) { return __logf(x); }
 #else
-  return expf(x);
+__device__ __forceinline__ float exp_(float x) { return expf(x); }
+__device__ __forceinline__ float log_(float x) { return logf(x); }
 #endif
-}
-__device__ __forceinline__ float log_(float x) {
-#if FAST_EXP
-  return __logf(x);
-#else
-  return logf(x);
-#endif
-}
 
 // The merge weights of one pair: v_out = v_a * ca + v_b * cb, s_out = s; cb < 0 marks "both empty:
 // copy v_a". +inf reads as -inf (an empty state).
@@ -274,13 +267,12 @@ KOPT_EXPORT int kopt_merge_attn_states_lse(const kopt_tensor *args, int32_t narg
   if (args[2].dtype != va.dtype || args[4].dtype != va.dtype) return KOPT_ERR_DTYPE;
   if (va.dtype != KOPT_FLOAT16 && va.dtype != KOPT_BFLOAT16 && va.dtype != KOPT_FLOAT32) return KOPT_ERR_DTYPE;
   const int64_t tokens = va.shape[0], heads = va.shape[1], d = va.shape[2];
-  if (tokens < 0 || heads < 0 || d < 0) return KOPT_ERR_SHAPE;
+  if (tokens < 0 || heads < 0 || d < 0 || d > INT_MAX / 4) return KOPT_ERR_SHAPE;  // in-pair indices are int
   for (int i = 0; i < 6; ++i) {
     const kopt_tensor &x = args[i];
     if (x.shape[0] != tokens || x.shape[1] != heads || (i % 2 == 0 && x.shape[2] != d)) return KOPT_ERR_SHAPE;
     if (!contiguous(x)) return KOPT_ERR_SHAPE;
   }
-  if (d > INT_MAX / 4) return KOPT_ERR_SHAPE;  // in-pair indices are int
   if (tokens == 0 || heads == 0) return KOPT_OK;  // nothing to launch
   for (int i = 0; i < 6; ++i)
     if (!args[i].data && (i % 2 || d > 0)) return KOPT_ERR_ARGS;  // v_* may be empty when D = 0

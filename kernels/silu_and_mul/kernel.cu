@@ -186,8 +186,8 @@ KOPT_EXPORT int kopt_silu_and_mul(const kopt_tensor *args, int32_t nargs, void *
   const kopt_tensor &x = args[0], &out = args[1];
   if (x.ndim != 2 || out.ndim != 2 || !x.shape || !x.strides || !out.shape || !out.strides)
     return KOPT_ERR_ARGS;
-  const bool supported = x.dtype == KOPT_FLOAT16 || x.dtype == KOPT_BFLOAT16 || x.dtype == KOPT_FLOAT32;
-  if (!supported || out.dtype != x.dtype) return KOPT_ERR_DTYPE;
+  const int32_t dt = x.dtype;
+  if (out.dtype != dt || (dt != KOPT_FLOAT16 && dt != KOPT_BFLOAT16 && dt != KOPT_FLOAT32)) return KOPT_ERR_DTYPE;
   // In-row indices are int; keep 2*d plus one thread stride clear of overflow (d <= INT_MAX / 4).
   const int64_t rows = x.shape[0], d = out.shape[1];
   if (rows < 0 || d < 0 || d > INT_MAX / 4 || out.shape[0] != rows || x.shape[1] != 2 * d) return KOPT_ERR_SHAPE;
