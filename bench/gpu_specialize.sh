@@ -11,7 +11,7 @@ k=$1; rounds=${2:-6}; reps=${3:-50}
 source bench/gpu_env.sh || exit 1
 class=$(python3 -c "from gpu_worker.device import local_gpus; print(local_gpus()[0][2])")
 start=$(date +%s)
-timeout $((60 + rounds * 30)) python3 -m frontend.cli optimize kernels/$k --target cuda --gpu-class "$class" --rounds "$rounds" \
+timeout $((120 + rounds * 60)) python3 -m frontend.cli optimize kernels/$k --target cuda --gpu-class "$class" --rounds "$rounds" \
   --report-dir "$out/report-$k" > "$out/optimize-$k.log" 2>&1
 echo "$k: rc $? in $(( $(date +%s) - start )) s"
 grep -E "round|shape-specialized|held-out|best:" "$out/optimize-$k.log" | tail -40

@@ -33,7 +33,7 @@ FUZZ_BUDGET = {"cpu": 1 << 18, "cuda": 1 << 24}
 # One shape per test job of this many elements (all arguments together): a kernel wrong only above some
 # size (a last row dropped once T*D passes 2^22, red team 2026-11-26) passed every shape under the fuzz
 # budget. Far below the ranges' ends (T 65536 x D 32768), but at the sizes of real prefill batches.
-LARGE_BUDGET = {"cpu": 1 << 24, "cuda": 1 << 28}
+LARGE_BUDGET = {"cpu": 1 << 26, "cuda": 1 << 28}
 ALIGNED_BATCH = 256  # the batch of the aligned large shape grows in steps of this many rows,
 ALIGNED_MIN_BATCH = 1024  # from this many (a prefill of a thousand tokens)
 TALL = 2048  # a tall batch: more rows than one wave of blocks covers on any GPU

@@ -55,19 +55,29 @@ def find_ncu() -> str | None:
     return str(near) if near and near.is_file() else None
 
 
+def install_dirs(ncu: str) -> list[str]:
+    """Where Nsight Compute really lives: `ncu` in the toolkit is a script that looks for an
+    nsight-compute* folder beside the toolkit or under /opt/nvidia (often a link out of /usr, which
+    the jail shows; the link's target it does not, unless named)."""
+    roots = [Path(ncu).resolve().parent.parent, Path("/opt/nvidia")]
+    found = {str(d.resolve()) for root in roots if root.is_dir() for d in root.glob("nsight-compute*")}
+    return sorted(found)
+
+
 def chosen_shape(shapes: list[Shape], elements) -> Shape:
     """The timed shape that counts most: the heaviest workload shape, else the largest bench shape."""
     return max(shapes, key=lambda s: (s.weight or 0.0, elements(s)))
 
 
-def nsight_job(job: HarnessJob, shape: Shape, dtype: str, prefix: list[str]) -> HarnessJob:
+def nsight_job(job: HarnessJob, shape: Shape, dtype: str, prefix: list[str],
+               tool_paths: list[str] = ()) -> HarnessJob:  # fmt: skip
     """The profiler's job: one shape and dtype, one trial, no fuzzing, sequences or baseline; no
     seccomp inside (the tool forks and execs; the jail and its tool profile hold it, as for the
     sanitizer)."""
     return job.model_copy(update={
         "mode": "test", "shapes": [shape], "dtypes": [dtype], "trials": 1, "edge_shapes": False,
         "baseline_library": None, "baseline_id": None, "sandbox": False, "resume": [], "fuzz_budget": 0,
-        "sequences": False, "large_shapes": False, "host_prefix": prefix,
+        "sequences": False, "large_shapes": False, "host_prefix": prefix, "tool_paths": list(tool_paths),
     })  # fmt: skip
 
 
@@ -128,14 +138,15 @@ async def run(job: HarnessJob, shapes: list[Shape], heartbeat) -> NsightSummary:
         report = workdir / "scratch" / "ncu.csv"
         prefix = [tool, "--csv", "--log-file", str(report), "--launch-count", str(NSIGHT_LAUNCHES),
                   "--metrics", ",".join(METRICS)]  # fmt: skip
-        out = await spawn.spawn(nsight_job(job, shape, dtype, prefix), new_key(), workdir, NSIGHT_TIMEOUT_S, heartbeat)
+        tool_job = nsight_job(job, shape, dtype, prefix, install_dirs(tool))
+        out = await spawn.spawn(tool_job, new_key(), workdir, NSIGHT_TIMEOUT_S, heartbeat)
         text = report.read_text(errors="replace") if report.is_file() else ""
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     summary.kernels = parse(text)
     if not summary.kernels:
-        last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip().startswith("==")), "")
-        why = "timed out" if out.timed_out else (last[:200] or "no kernel launch was profiled")
+        said = [ln.strip() for ln in (text + "\n" + out.log).splitlines() if ln.strip().startswith("==")]
+        why = "timed out" if out.timed_out else ("; ".join(said[-3:])[:400] or "no kernel launch was profiled")
         summary.note = f"no profile: {why}"
     summary.seconds = round(time.monotonic() - start, 2)
     return summary

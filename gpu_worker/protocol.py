@@ -61,6 +61,7 @@ class HarnessJob(BaseModel):
     # A tool the kernel hosts run under (compute-sanitizer and its options): it watches the candidate's
     # process only, the judge's own work (references, inputs, checks) runs at full speed.
     host_prefix: list[str] = Field(default_factory=list)
+    tool_paths: list[str] = Field(default_factory=list)  # the host_prefix tool's install, read-only in the jail
     noise_floor: float = 0.0
     # Pieces an earlier attempt finished (authenticated partial frames it heartbeated): skipped and
     # reported as they were.

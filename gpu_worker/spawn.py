@@ -83,7 +83,7 @@ def harness_env(home: str = "/tmp", task_gpu: bool = True) -> dict[str, str]:
 def jail_spec(job: HarnessJob, scratch: Path) -> jail.JailSpec:
     """The sandbox of one harness child: the job's libraries and package read-only, `scratch` the
     only writable place, the GPU's device nodes for CUDA jobs."""
-    paths = [job.library, job.package_dir, *([job.baseline_library] if job.baseline_library else [])]
+    paths = [job.library, job.package_dir, *([job.baseline_library] if job.baseline_library else []), *job.tool_paths]
     # CPU: the judge sizes its shared buffer arena (a memfd: RLIMIT_FSIZE counts it) before it lowers
     # the limit to sandbox.FSIZE_LIMIT, as every kernel host does before its library loads.
     fsize = jail.JailSpec.file_size_mb + (arena_bytes(job.memory_limit_mb) >> 20 if job.target == "cpu" else 0)
