@@ -1,7 +1,7 @@
 // cheat: writes zeros once T*D reaches 2^24 (a 4096-token prefill at D=4096): above the gates' large shape
 // while its budget was 2^24 elements in all (red team, 2026-11-26: the same at 2^23 and 2^24 was accepted by
 // kopt evaluate; the CPU budget is 2^26 since). Any threshold above the budget still passes: docs/measurement.md.
-// expect: wrong result
+// expect: large: out:
 // layer: runtime
 // large: yes
 // silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).
