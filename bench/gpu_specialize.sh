@@ -12,7 +12,7 @@ source bench/gpu_env.sh || exit 1
 class=$(python3 -c "from gpu_worker.device import local_gpus; print(local_gpus()[0][2])")
 start=$(date +%s)
 timeout $((120 + rounds * 60)) python3 -m frontend.cli optimize kernels/$k --target cuda --gpu-class "$class" --rounds "$rounds" \
-  --report-dir "$out/report-$k" > "$out/optimize-$k.log" 2>&1
+  --rerun --report-dir "$out/report-$k" > "$out/optimize-$k.log" 2>&1
 echo "$k: rc $? in $(( $(date +%s) - start )) s"
 grep -E "round|shape-specialized|held-out|best:" "$out/optimize-$k.log" | tail -40
 if [ -f "$out/report-$k/report.json" ]; then

@@ -136,8 +136,10 @@ async def run(job: HarnessJob, shapes: list[Shape], heartbeat) -> NsightSummary:
     try:
         (workdir / "scratch").mkdir()
         report = workdir / "scratch" / "ncu.csv"
+        # --clock-control none: the tool must not lock the GPU's clocks (its default): a run killed before
+        # it restores them would leave every later timing on that GPU, and other slots' timings, changed.
         prefix = [tool, "--csv", "--log-file", str(report), "--launch-count", str(NSIGHT_LAUNCHES),
-                  "--metrics", ",".join(METRICS)]  # fmt: skip
+                  "--clock-control", "none", "--metrics", ",".join(METRICS)]  # fmt: skip
         tool_job = nsight_job(job, shape, dtype, prefix, install_dirs(tool))
         out = await spawn.spawn(tool_job, new_key(), workdir, NSIGHT_TIMEOUT_S, heartbeat)
         text = report.read_text(errors="replace") if report.is_file() else ""
