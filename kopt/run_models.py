@@ -75,12 +75,12 @@ class CandidateOutcome(BaseModel):
 class ActivityTimeouts(BaseModel):
     """Per-queue timeouts in seconds. A dead worker is noticed after its heartbeat timeout."""
 
-    agent_s: float = 300
-    agent_heartbeat_s: float = 30
-    compile_s: float = 600
-    compile_heartbeat_s: float = 10
-    exec_s: float = 1200
-    exec_heartbeat_s: float = 20  # a dead worker is noticed, and a cancellation arrives, within ~this
+    agent_s: float = Field(300, gt=0)
+    agent_heartbeat_s: float = Field(30, gt=0)
+    compile_s: float = Field(600, gt=0)
+    compile_heartbeat_s: float = Field(10, gt=0)
+    exec_s: float = Field(1200, gt=0)
+    exec_heartbeat_s: float = Field(20, gt=0)  # a dead worker is noticed, and a cancellation arrives, within ~this
 
 
 class Approval(BaseModel):

@@ -166,20 +166,20 @@ def test_a_cuda_run_of_an_astra_package_optimizes_the_workload_it_serves(tmp_pat
     assert "cpu" not in cpu.package.spec.workloads  # a CPU run keeps the bench shapes
 
 
-@pytest.mark.parametrize("entry, message", [
-    ('cuda = "nope.toml"', "field 'workloads.cuda': workload file "),
-    ('cuda = "../kernel.toml"', "'../kernel.toml' is outside the package folder"),
-    ('rocm = "serving.toml"', "workloads"),
-])  # fmt: skip
-def test_a_packages_workload_mistake_names_the_field(tmp_path, entry, message):
+WORKLOAD_MISTAKES = {'cuda = "nope.toml"': "field 'workloads.cuda': workload file ",
+                     'cuda = "../kernel.toml"': "'../kernel.toml' is outside the package folder",
+                     'rocm = "serving.toml"': "workloads"}  # fmt: skip
+
+
+def test_a_packages_workload_mistake_names_the_field(tmp_path):
     from kopt.package import PackageError
 
-    pkg = tmp_path / "silu"
-    shutil.copytree(SILU, pkg)
-    toml = pkg / "kernel.toml"
-    toml.write_text(toml.read_text().replace('cuda = "serving.toml"', entry))
-    with pytest.raises(PackageError, match=re.escape(message)):
-        load_spec(pkg)
+    declared = (SILU / "kernel.toml").read_text()
+    for i, (entry, message) in enumerate(WORKLOAD_MISTAKES.items()):
+        pkg = shutil.copytree(SILU, tmp_path / f"silu-{i}")
+        (pkg / "kernel.toml").write_text(declared.replace('cuda = "serving.toml"', entry))
+        with pytest.raises(PackageError, match=re.escape(message)):
+            load_spec(pkg)
 
 
 def test_an_invalid_entry_in_a_packages_workload_stops_the_run_that_takes_it(tmp_path):
