@@ -124,7 +124,9 @@ async def run_profile(
     result: ProfileResult = await _run(job, req.timeout_s, heartbeat, on_partial=on_partial)  # type: ignore[assignment]
     if result.ok and result.copy_bandwidth_gbs and job.copy_bandwidth_gbs is None:
         _COPY_BANDWIDTH[req.target] = result.copy_bandwidth_gbs  # calibrated once per worker process
-    contender = baseline is None or (result.ab is not None and result.ab.verdict == "faster")
+    ab = result.ab
+    contender = baseline is None or (ab is not None and ab.verdict == "faster" and ab.speedup_geomean is not None
+                                     and ab.speedup_geomean > (req.nsight_above or 0.0))  # fmt: skip
     if result.ok and req.target == "cuda" and req.nsight and contender:
         result.nsight = await nsight.run(job, req.shapes, heartbeat)
     result.seconds = time.monotonic() - start

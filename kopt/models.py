@@ -360,8 +360,9 @@ class ExecRequest(BaseModel):
     memory_limit_mb: int = 8192  # address-space headroom of the harness (CPU target only)
     sanitize: bool = True  # compute-sanitizer memcheck on CUDA where the tool exists
     # Profile, CUDA: a short Nsight Compute summary where the library is the baseline (no baseline_library)
-    # or came out faster than the baseline in the A/B (a contender for the best); for the profile analyst.
+    # or came out faster than the baseline in the A/B, above the best so far (a contender); for the profile analyst.
     nsight: bool = False
+    nsight_above: float | None = None  # ... and, given, only where its A/B speedup is above this (the best's)
     noise_floor: float = 0.0  # A/B: a speedup is significant only if its CI low > 1 + noise_floor
 
 

@@ -773,7 +773,8 @@ class OptimizeKernel:
                                   library=compiled.library, shapes=shape_list, dtypes=req.package.spec.dtypes,
                                   seed=req.seed * 1_000_003 + rnd, source=cand.source, baseline_library=baseline,
                                   baseline_id=req.baseline.id if baseline else None, time_cap_s=req.time_cap_s,
-                                  nsight=defn is PROFILE and req.target == "cuda")
+                                  nsight=defn is PROFILE and req.target == "cuda",
+                                  nsight_above=self._progress.best_speedup if baseline else None)
             self._progress.phase = defn.name
             result = await defn.execute(request, **self._options(defn, req, at))
             self._usage.device_seconds += result.seconds
