@@ -316,7 +316,7 @@ def _markdown(view: RunView, history: str) -> str:
 def _html(view: RunView, history: str) -> str:
     """The page a reviewer opens (frontend/report_html.py): the report with its charts, the diff of the
     best against the baseline, and the history folded away; for a run without a result, the history."""
-    from frontend.report import best_patch, render_markdown
+    from frontend.report import report_page
     from frontend.report_html import render_html
 
     found = _report_of(view)
@@ -324,11 +324,8 @@ def _html(view: RunView, history: str) -> str:
         return render_html(f"# kopt run {view.workflow_id} ({view.status}: no report yet)", {}, "", history,
                            title=f"kopt run {view.workflow_id}")
     report, source = found
-    charts = view_charts(view)
     best = view.result.best.source if view.result.best else view.request.baseline.source
-    return render_html(render_markdown(report, source, list(charts)), charts,
-                       best_patch(report, view.request.baseline.source, best, source), history,
-                       title=f"kopt report: {report.kernel} ({report.target})")
+    return report_page(report, view_charts(view), view.request.baseline.source, best, source, history)
 
 
 def view_charts(view: RunView) -> dict[str, bytes]:

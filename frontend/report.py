@@ -216,6 +216,15 @@ def best_patch(report: RunReport, baseline_source: str, best_source: str, source
     return flags + unified_diff(baseline_source, best_source, source_name)
 
 
+def report_page(report: RunReport, charts: dict[str, bytes], baseline_source: str, best_source: str,
+                source_name: str, history: str = "") -> str:  # fmt: skip
+    """The one HTML page of a report (report.html, `kopt export --format html`): report.md with its
+    charts, the best's diff and, where given, the run's history folded away."""
+    return render_html(render_markdown(report, source_name, list(charts)), charts,
+                       best_patch(report, baseline_source, best_source, source_name), history,
+                       title=f"kopt report: {report.kernel} ({report.target})")
+
+
 def write_report(report_dir: Path, report: RunReport, baseline_source: str, best_source: str,
                  source_name: str) -> Path:  # fmt: skip
     """Write all report files into a temp folder, then move it into place in one rename."""
@@ -228,10 +237,8 @@ def write_report(report_dir: Path, report: RunReport, baseline_source: str, best
         (tmp / name).write_bytes(png)
     (tmp / "report.md").write_text(render_markdown(report, source_name, list(charts)))
     (tmp / f"best_{source_name}").write_text(best_source)
-    patch = best_patch(report, baseline_source, best_source, source_name)
-    (tmp / "best.patch").write_text(patch)
-    (tmp / "report.html").write_text(render_html(render_markdown(report, source_name, list(charts)), charts, patch,
-                                                 title=f"kopt report: {report.kernel} ({report.target})"))
+    (tmp / "best.patch").write_text(best_patch(report, baseline_source, best_source, source_name))
+    (tmp / "report.html").write_text(report_page(report, charts, baseline_source, best_source, source_name))
     if report_dir.exists():
         stale = report_dir.parent / f".kopt-stale-{tmp.name}"
         os.replace(report_dir, stale)
