@@ -296,7 +296,52 @@ async def build(tc: Toolchain, source_text: str, workdir: Path, flags: list[str]
         usage = "\n".join(line for line in log.splitlines() if "ptxas info" in line)
     else:
         usage = vectorizer_summary(remarks.read_text(errors="replace") if remarks.is_file() else "", src.name)
+        mix = instruction_mix(out) if ok else ""
+        usage = "\n".join(part for part in (usage, mix) if part)
     return BuildOutput(ok=ok, seconds=seconds, log=log, command=cmd, resource_usage=usage)
+
+
+SKIPPED_FUNCTIONS = ("_init", "_fini", "frame_dummy", "register_tm_clones", "deregister_tm_clones",
+                     "__do_global_dtors_aux")  # the toolchain's own code in every library  # fmt: skip
+MIX = (("512-bit vector", re.compile(r"%zmm")), ("256-bit vector", re.compile(r"%ymm")),
+       ("FMA", re.compile(r"^v?fn?m(add|sub)")), ("fp16 conversions", re.compile(r"^vcvt(ph2ps|ps2ph)")),
+       ("scalar float", re.compile(r"^v?\w+s[sd]\b")), ("packed float", re.compile(r"^v?\w+p[sd]\b")))  # fmt: skip
+
+
+def instruction_mix(library: Path) -> str:
+    """One line on the library's own machine code (objdump -d): how many instructions, how many use
+    512/256-bit registers, FMA, fp16 conversions, scalar and packed float, and the calls it makes out
+    (libm's expf, say). Empty where objdump is missing or fails (x86-64 spellings; elsewhere the
+    counts are of what matches)."""
+    objdump = shutil.which("objdump")
+    if objdump is None or not Path(library).is_file():
+        return ""
+    try:
+        proc = subprocess.run([objdump, "-d", "-C", "-w", "--no-show-raw-insn", str(library)], capture_output=True,
+                              text=True, errors="replace", timeout=60)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    if proc.returncode != 0:
+        return ""
+    counts = {name: 0 for name, _ in MIX}
+    calls: dict[str, int] = {}
+    total, own = 0, False
+    for line in proc.stdout.splitlines():
+        if head := re.match(r"^[0-9a-f]+ <(.+)>:$", line):
+            name = head.group(1)
+            own = not name.endswith("@plt") and "@plt" not in name and name not in SKIPPED_FUNCTIONS
+        elif own and (ins := re.match(r"^\s+[0-9a-f]+:\s+(\S.*)$", line)):
+            text = ins.group(1)
+            total += 1
+            for name, rx in MIX:
+                counts[name] += bool(rx.search(text))
+            if called := re.match(r"^(?:call|jmp)\w*\s+\S+\s+<([^>+]+)@plt>", text):
+                calls[called.group(1)] = calls.get(called.group(1), 0) + 1
+    if not total:
+        return ""
+    parts = ", ".join(f"{name} {n}" for name, n in counts.items())
+    out = ", ".join(f"{f} x{n}" for f, n in sorted(calls.items(), key=lambda kv: -kv[1]))
+    return f"instruction mix of the library's own code: {total} instructions; {parts}; calls out: {out or 'none'}"
 
 
 REMARK = re.compile(r"^(?P<file>[^:\s]+):(?P<line>\d+):\d+: (?P<kind>optimized|missed): (?P<text>.+)$")

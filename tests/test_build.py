@@ -39,6 +39,11 @@ def test_a_cpu_build_reports_what_the_vectorizer_did_with_each_loop(tmp_path):
     # A loop left scalar names why: the square root in the row loop keeps it scalar here.
     assert any(re.fullmatch(r"kernel\.cpp:\d+: loop not vectorized: .+", ln) for ln in lines), lines
     assert "remark" not in out.log and "vectorized" not in out.log  # the build log is unchanged
+    # And the instruction mix of the library's own code, with the calls it makes out (libm's sqrtf here).
+    mix = re.fullmatch(r"instruction mix of the library's own code: (\d+) instructions; 512-bit vector \d+, "
+                       r"256-bit vector \d+, FMA \d+, fp16 conversions \d+, scalar float (\d+), packed float (\d+); "
+                       r"calls out: (.+)", lines[-1])  # fmt: skip
+    assert mix and int(mix[1]) > 100 and int(mix[3]) > 0 and "sqrtf x" in mix[4], lines[-1]
     # The same source with the loops written as a while over a pointer GCC cannot count: nothing vectorized.
     _, plain = _build("cpu", "float s(const float *p) { float a = 0; while (*p) a += *p++; return a; }",
                       tmp_path / "plain", ["-O3"])  # fmt: skip
