@@ -509,4 +509,5 @@ def test_the_gates_large_shape_fills_its_budget_inside_the_ranges(name, target):
         assert all(spec.ranges[k][0] <= v <= spec.ranges[k][1] for k, v in dims.items()), dims
         seen.add(tuple(dims.values()))
     at_max = sum(dims[k] == spec.ranges[k][1] for k in dims)
-    assert len(seen) > 10 or at_max == len(dims) - 1  # the seed moves it, unless all but one are at their max
+    # The seed moves it (fewer places where the budget takes a symbol to its maximum), unless all but one are there.
+    assert len(seen) >= 8 or at_max == len(dims) - 1
