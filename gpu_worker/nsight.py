@@ -132,7 +132,7 @@ async def run(job: HarnessJob, shapes: list[Shape], heartbeat) -> NsightSummary:
     if tool is None:
         summary.note = "Nsight Compute (ncu) not found on the worker"
         return summary
-    workdir = Path(tempfile.mkdtemp(prefix="kopt-ncu-"))
+    workdir = Path(tempfile.mkdtemp(prefix=spawn.WORKDIR_PREFIX))
     try:
         (workdir / "scratch").mkdir()
         report = workdir / "scratch" / "ncu.csv"

@@ -162,7 +162,7 @@ def _job(
 
 async def _run(job: HarnessJob, timeout_s: float, heartbeat: Heartbeat | None,
                on_partial: OnPartial | None = None) -> TestResult | ProfileResult:
-    workdir = Path(tempfile.mkdtemp(prefix=f"kopt-{job.mode}-"))
+    workdir = Path(tempfile.mkdtemp(prefix=spawn.WORKDIR_PREFIX))
     try:
         outcome = await spawn.spawn(job, new_key(), workdir, timeout_s, heartbeat,
                                     _partial_parser(on_partial) if on_partial else None)  # fmt: skip

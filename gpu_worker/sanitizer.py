@@ -106,7 +106,7 @@ async def run(job: HarnessJob, req: ExecRequest, heartbeat) -> tuple[bool | None
     verdicts: list[bool | None] = []
     summaries: list[str] = []
     for name in tools:
-        workdir = Path(tempfile.mkdtemp(prefix=f"kopt-{name}-"))
+        workdir = Path(tempfile.mkdtemp(prefix=spawn.WORKDIR_PREFIX))
         try:
             # In the jail's scratch (spawn.spawn's workdir/scratch): the only place the tool can write.
             (workdir / "scratch").mkdir()

@@ -31,6 +31,10 @@ from gpu_worker.protocol import FrameReader, HarnessJob, arena_bytes, encode_std
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HEARTBEAT_S = 5.0
+# The job's folder and log, whose paths the child can read (its scratch is bound at its own path; its
+# stdout is the log): named alike for every mode and tool, so a kernel cannot tell the test from the timing
+# or a sanitizer run by them (red team, 2026-11-26: readlink of /proc/self/fd/1 said "test.log").
+WORKDIR_PREFIX = "kopt-job-"
 TAIL_BYTES = 2048
 READ_GRACE_S = 5.0
 ZYGOTE_START_S = 120.0
@@ -102,7 +106,7 @@ async def spawn(
     """Run one harness child (a fresh `python -m gpu_worker.harness FD` where the zygote is off or
     the job's kernel hosts run under a tool, job.host_prefix) to completion or timeout. `on_partial`
     gets the body of each authenticated partial frame (a finished piece of the job) as it arrives."""
-    log_path = workdir / f"{job.mode}.log"  # outside the scratch: the child sees it only as its stdout
+    log_path = workdir / "job.log"  # outside the scratch: the child sees it only as its stdout
     scratch = workdir / "scratch"
     scratch.mkdir(exist_ok=True)
     spec = jail_spec(job, scratch)
