@@ -55,7 +55,8 @@ def test_optimize_cuda_end_to_end(tmp_path):
     assert "## Profiler (Nsight Compute)" in md and f"Baseline: Nsight Compute at {nsight['shape']}" in md, md
     history = subprocess.run([sys.executable, "-m", "frontend.cli", "history", report["run_id"]], cwd=REPO,
                              env=kopt_env(tmp_path / "home"), capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert f"  profiler: Nsight Compute at {nsight['shape']} {nsight['dtype']}" in history.stdout, history.stdout[-3000:]
+    shown = f"  profiler: Nsight Compute at {nsight['shape']} {nsight['dtype']}"
+    assert shown in history.stdout, history.stdout[-3000:]
 
     # The best as a torch op on the GPU: exported, built (ninja, nvcc), checked against the reference
     # at every test shape and dtype, eagerly and under torch.compile; a wrong kernel in it is caught.
