@@ -385,7 +385,8 @@ async def chat_json(cfg: LLMConfig, role: str, messages: list[LLMMessage], schem
                     continue
                 raise _with_calls(ApplicationError(
                     f"the model's reply was still invalid after one repair turn (role {role}, model {model!r}): "
-                    f"{problem}", type=OUTPUT_INVALID), calls) from None
+                    f"{problem}", type=OUTPUT_INVALID, non_retryable=True), calls) from None  # no retry fixes it:
+                # the whole prompt and reply of both calls go to history (a retryable error keeps compact ones)
             record.output = json.loads(scrub(reply.model_dump_json(), key) or "null")
             if ckey is not None:
                 reply_cache.put(ckey, {"text": text, "finish_reason": record.finish_reason,

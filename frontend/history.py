@@ -159,6 +159,9 @@ def rounds_by_id(calls: list[ActivityCall], segment: int) -> list[RoundView]:
         if view is not None:
             view.calls.append(call)
             view.versus = call.result
+    for rnd in diagnoses:  # a round that ended at its analyst's call (a refused request) has no other view
+        if not any(r == rnd for r, _ in views):
+            views[(rnd, 0)] = RoundView(round=rnd, segment=segment)
     for (rnd, slot), view in views.items():
         if rnd in diagnoses:
             view.diagnosis = diagnoses[rnd][0]
