@@ -372,13 +372,17 @@ def test_fenced_json_is_accepted_without_a_repair(pkg, best):
     assert diagnosis.bottleneck == "b" and len(calls) == 1
 
 
-def test_malformed_twice_is_retryable_output_invalid(pkg, best):
+def test_malformed_twice_is_a_final_output_invalid_with_whole_records(pkg, best):
+    """No retry fixes an unusable reply: the error is final, so its audit records ride along whole (a
+    retryable one carried compact records: no prompt, 300 characters of the reply; found against
+    llama.cpp's server, tests/test_local_model.py)."""
     with FakeOpenAI([Reply.raw("not json at all"), Reply.json({"summary": "no source field"})]) as srv:
         err = failure(roles.code(code_request(pkg, best, srv)))
-    assert err.type == "LLMOutputInvalid" and not err.non_retryable
+    assert err.type == "LLMOutputInvalid" and err.non_retryable
     assert "source: Field required" in err.message
     calls = [LLMCall.model_validate(d) for d in err.details]  # the audit records ride along into history
     assert [c.attempt for c in calls] == [1, 2] and all(c.error for c in calls)
+    assert all(c.messages for c in calls) and calls[0].response_text == "not json at all"
     assert sum(c.usage.prompt_tokens for c in calls) == 200
 
 

@@ -14,9 +14,9 @@ real OpenAI-compatible server speaks it (usage, finish reasons, JSON mode), and 
   analyst's prompt is ~2400 tokens) stop the run with llama.cpp's HTTP 400 message;
 - a reply cut off at KOPT_OPENAI_MAX_OUTPUT_TOKENS (finish_reason "length") fails its candidate with a
   reason that names the setting and twice its value.
-Two tests xfail (strict) on kopt defects these runs showed: the records of an unusable reply keep no prompt and
-300 characters of the reply in history; a call that stops the run in a round with no other activity (the
-analyst's 400) is missing from load_run and `kopt history`.
+Two tests hold fixes of defects these runs found (they xfailed until 0fb72a4): the records of an unusable reply
+keep both calls' prompts and whole replies in history (they kept no prompt and 300 characters of each reply); a
+call that stops the run in a round with no other activity (the analyst's 400) is in load_run and `kopt history`.
 
 Opt-in (marker `local_model`, outside `make test`): `make test-local-model` runs
 bench/local_model_smoke.sh, which builds the server into its own venv and sets KOPT_LLAMA_PYTHON (that
@@ -217,7 +217,7 @@ def plan_providers(run: Run) -> dict[int, str]:
 
 def same_reason(record_error: str, reason: str) -> bool:
     """A call's recorded error is the reason a failure names (or its first 300 characters: agents/llm.py
-    _compact cuts the records that ride on a failure Temporal might retry)."""
+    _compact cuts the records that ride on a failure Temporal might retry; before 0fb72a4, unusable replies too)."""
     return record_error == reason or (record_error.endswith("[...]") and reason.startswith(record_error[:-5]))
 
 
