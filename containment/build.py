@@ -202,6 +202,15 @@ def find_nvcc() -> str | None:
     return None
 
 
+def find_cuda_tool(name: str) -> str | None:
+    """A CUDA toolkit tool (compute-sanitizer, ncu): on PATH, in /usr/local/cuda/bin, or beside nvcc."""
+    nvcc = find_nvcc()
+    candidates = [shutil.which(name), f"/usr/local/cuda/bin/{name}"]
+    if nvcc:
+        candidates.append(str(Path(nvcc).resolve().parent / name))
+    return next((c for c in candidates if c and Path(c).is_file()), None)
+
+
 def detect_toolchain(target: Target) -> Toolchain | None:
     """The local toolchain for a target, or None when its compiler is missing."""
     if target == "cpu":
@@ -329,7 +338,7 @@ def instruction_mix(library: Path) -> str:
     for line in proc.stdout.splitlines():
         if head := re.match(r"^[0-9a-f]+ <(.+)>:$", line):
             name = head.group(1)
-            own = not name.endswith("@plt") and "@plt" not in name and name not in SKIPPED_FUNCTIONS
+            own = "@plt" not in name and name not in SKIPPED_FUNCTIONS
         elif own and (ins := re.match(r"^\s+[0-9a-f]+:\s+(\S.*)$", line)):
             text = ins.group(1)
             total += 1

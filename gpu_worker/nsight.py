@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from containment.build import find_nvcc
+from containment.build import find_cuda_tool
 from gpu_worker import plan, spawn
 from gpu_worker.protocol import HarnessJob, new_key
 from kopt.models import NsightKernel, NsightSummary, Shape
@@ -47,12 +47,7 @@ METRICS = {
 
 
 def find_ncu() -> str | None:
-    found = shutil.which("ncu") or next((p for p in ("/usr/local/cuda/bin/ncu",) if Path(p).is_file()), None)
-    if found:
-        return found
-    nvcc = find_nvcc()
-    near = Path(nvcc).resolve().parent / "ncu" if nvcc else None
-    return str(near) if near and near.is_file() else None
+    return find_cuda_tool("ncu")
 
 
 def install_dirs(ncu: str) -> list[str]:

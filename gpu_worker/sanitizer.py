@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from containment.build import find_nvcc
+from containment.build import find_cuda_tool
 from gpu_worker import plan, spawn
 from gpu_worker.protocol import HarnessJob, new_key
 from kopt.models import ExecRequest, Shape
@@ -28,11 +28,7 @@ PRINT_LIMIT = 10
 
 
 def find_sanitizer() -> str | None:
-    nvcc = find_nvcc()
-    candidates = [shutil.which("compute-sanitizer"), "/usr/local/cuda/bin/compute-sanitizer"]
-    if nvcc:
-        candidates.append(str(Path(nvcc).resolve().parent / "compute-sanitizer"))
-    return next((c for c in candidates if c and Path(c).is_file()), None)
+    return find_cuda_tool("compute-sanitizer")
 
 
 SANITIZE_MAX_ELEMENTS = 1 << 28  # the above-the-test-sizes class only up to this size (memcheck is slow)
