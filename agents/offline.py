@@ -3,11 +3,18 @@
 The planner runs a coordinate search from the best candidate so far: each round it changes one
 declared tunable or one compile option, cycling through the dimensions so that a few rounds
 already cover several of them, and never proposes a configuration that was already tried (the
-request's recent records plus its digest of older ones, `PlanRequest.earlier`). The coder applies
-the plan as a real source change (the tunable `#define` lines) plus compile flags.
+request's recent records plus its digest of older ones, `PlanRequest.earlier`). Once every single
+change from the best has been tried, the search widens: two changes at once, then three, nearest
+values first, until the whole declared space (tunables x playbook options) has been tried. So a
+long campaign, or N slots proposing side by side, never runs out of distinct untried configurations
+before the space does. The coder applies the plan as a real source change (the tunable `#define`
+lines) plus compile flags.
 """
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
 
 from agents.playbook import PLAYBOOK
 from kopt.candidates import candidate_id, unified_diff
@@ -38,6 +45,52 @@ def _moves(req: PlanRequest) -> list[list[tuple[str, dict[str, int], list[str]]]
     return [d for d in dims if d]
 
 
+def _nearest_first(values: list[int], current: int | None) -> list[int]:
+    """`values` other than `current`, nearest in the declared order first (on a tie, the later one)."""
+    others = [v for v in values if v != current]
+    if current is not None and current in values:
+        idx = values.index(current)
+        others.sort(key=lambda v: (abs(values.index(v) - idx), -values.index(v)))
+    return others
+
+
+Change = tuple[str, str, object]  # (dimension kind "tunable" | "flag", name, new value), with its words
+
+
+def _dimension_changes(req: PlanRequest) -> list[list[tuple[Change, str]]]:
+    """Each dimension of the declared space (one per tunable, one per playbook option) as its possible
+    changes from the best, nearest first, each with its words."""
+    best_t, best_f = dict(req.best.tunables), list(req.best.flags)
+    dims: list[list[tuple[Change, str]]] = []
+    for tunable in req.package.spec.tunables_for(req.target):
+        current = best_t.get(tunable.name)
+        dims.append([(("tunable", tunable.name, v), f"{tunable.name} {current} -> {v}")
+                     for v in _nearest_first(list(tunable.values), current)])
+    for flag, _ in PLAYBOOK.get(req.target, []):
+        present = flag in best_f
+        dims.append([(("flag", flag, not present), f"{'drop' if present else 'add'} {flag}")])
+    return [d for d in dims if d]
+
+
+def _wider(req: PlanRequest) -> Iterator[tuple[str, dict[str, int], list[str], int]]:
+    """Configurations two or more changes away from the best: (words, tunables, flags, changes), fewer
+    changes first, then the dimensions in declared order, nearest values first. Lazy: the caller stops
+    at the first untried one."""
+    dims = _dimension_changes(req)
+    for width in range(2, len(dims) + 1):
+        for chosen in itertools.combinations(dims, width):
+            for combo in itertools.product(*chosen):
+                tunables, flags = dict(req.best.tunables), list(req.best.flags)
+                for (kind, name, value), _ in combo:
+                    if kind == "tunable":
+                        tunables[name] = value  # type: ignore[assignment]
+                    elif value:
+                        flags.append(name)
+                    else:
+                        flags.remove(name)
+                yield ", ".join(words for _, words in combo), tunables, flags, width
+
+
 def _baseline_key(req: PlanRequest) -> str:
     spec = req.package.spec
     source = req.package.baseline_sources[req.target]
@@ -66,8 +119,21 @@ def plan(req: PlanRequest) -> Plan:
                     tunables=tunables,
                     flags=flags,
                 )
-    return Plan(round=req.round, description="search space exhausted", rationale="every neighbour of the best "
-                "configuration has been tried", tunables=dict(req.best.tunables), flags=list(req.best.flags),
+    for description, tunables, flags, width in _wider(req):
+        if config_key(tunables, flags) not in tried:
+            return Plan(
+                round=req.round,
+                description=description,
+                rationale=(
+                    f"widening search from the best candidate {req.best.id} (speedup {req.best_speedup:.3f}x): "
+                    f"every single change from it has been tried; {width} changes at once, untried "
+                    "configurations only"
+                ),
+                tunables=tunables,
+                flags=flags,
+            )
+    return Plan(round=req.round, description="search space exhausted", rationale="every configuration of the "
+                "declared space has been tried", tunables=dict(req.best.tunables), flags=list(req.best.flags),
                 exhausted=True)
 
 

@@ -148,8 +148,12 @@ def _parser() -> argparse.ArgumentParser:
     opt.add_argument("--report-dir", type=Path, default=None, help="default: $KOPT_HOME/reports/<run id>")
     opt.add_argument("--model", default=None, help="provider openai: model (default KOPT_OPENAI_MODEL)")
     opt.add_argument("--candidates", type=int, default=None,
-                     help="candidates per round, evaluated in parallel (default: the local GPUs in use with "
-                          "--target cuda, else 1)")
+                     help="candidates per round, evaluated in parallel (default with --target cuda: two per local "
+                          "GPU in use, offline, one per GPU with --lockstep or an LLM provider; else 1)")
+    opt.add_argument("--lockstep", action="store_true",
+                     help="with several candidates a round (offline provider): judge a round's candidates together "
+                          "and compare only the fastest with the best; the default judges each as soon as it "
+                          "finishes and gives its GPU the next proposal (decisions then follow finishing order)")
     opt.add_argument("--gpus", default="all", help="--target cuda, local workers: how many of this machine's GPUs "
                                                     "of the class judge candidates, one exec worker each (a count, "
                                                     "or all; default all)")

@@ -98,9 +98,14 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
     from kopt.llm_settings import LLMSettings, llm_config
     from kopt.run_models import Budgets
 
-    if getattr(args, "candidates", None) is None:  # one per GPU that judges them, where kopt starts the workers
+    if getattr(args, "candidates", None) is None:  # from the GPUs that judge them, where kopt starts the workers
         local_cuda = req.target == "cuda" and not settings.temporal_address
-        args.candidates = len(local_gpu_indices(req.gpu_class, getattr(args, "gpus", "all"))) if local_cuda else 1
+        gpus = len(local_gpu_indices(req.gpu_class, getattr(args, "gpus", "all"))) if local_cuda else 1
+        # Offline, in asynchronous slots: two a GPU, so that one is planned and compiled while the other is
+        # judged and no GPU waits for a compile (decision 0041). In lockstep: one a GPU (decision 0038).
+        slotted = local_cuda and getattr(args, "provider", "offline") == "offline" \
+            and not getattr(args, "lockstep", False) and not getattr(args, "single_agent", False)
+        args.candidates = 2 * gpus if slotted else gpus
     for name in ("continue_every", "candidates"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -150,6 +155,7 @@ def apply_run_options(req: OptimizeRequest, args, settings: Settings) -> Optimiz
     return req.model_copy(update={"approve": args.approve, "continue_every": args.continue_every, "llm": llm,
                                   "allow_regressions": getattr(args, "allow_regressions", False),
                                   "candidates_per_round": args.candidates, "single_agent": args.single_agent,
+                                  "lockstep": getattr(args, "lockstep", False),
                                   "patience": args.patience, "budgets": budgets,
                                   "min_gain": req.min_gain if min_gain is None else min_gain,
                                   "holdout_shapes": held, "workload": workload,

@@ -151,6 +151,10 @@ class OptimizeRequest(BaseModel):
     timeouts: ActivityTimeouts = Field(default_factory=ActivityTimeouts)
     llm: LLMConfig | None = None  # provider "openai": endpoint, models, prices (never the key)
     candidates_per_round: int = 1
+    # Offline runs of several candidates a round judge them in asynchronous slots (each compared with the
+    # best as it finishes, its slot then taking the next proposal); lockstep judges a round's candidates
+    # together and compares only their fastest with the best, as LLM runs always do.
+    lockstep: bool = False
     # Sampling cap per shape and dtype of every profile (seconds); None: the target's default. Short
     # runs whose timing precision does not matter (tests of the workflow itself) set it low.
     time_cap_s: float | None = Field(default=None, gt=0)

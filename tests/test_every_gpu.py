@@ -57,3 +57,27 @@ def test_two_gpu_slots_judge_a_rounds_candidates_side_by_side(temporal_server, t
     used = {line.rsplit("gpu=", 1)[1] for line in executions}
     assert used == {"0", "1"}, executions
     assert result.baseline.profile is not None and result.baseline.profile.gpu_index in (0, 1)
+
+
+def test_candidates_default_to_two_slots_a_gpu_offline_and_one_in_lockstep(tmp_path, monkeypatch):
+    """Decision 0041: offline, in asynchronous slots, two candidates per local GPU (one compiled while the
+    other is judged); with --lockstep or an LLM provider one per GPU (decision 0038); an explicit
+    --candidates wins; on the CPU target one."""
+    from frontend import runs
+    from frontend.cli import _parser
+
+    monkeypatch.setattr(runs, "local_gpu_indices", lambda gpu_class, gpus="all": [0, 1] if gpus == "all" else [0])
+    settings = Settings(home=tmp_path / "home")
+
+    def candidates(*options: str, target: str = "cuda") -> tuple[int, bool]:
+        args = _parser().parse_args(["optimize", str(REPO / "kernels" / "silu_and_mul"), "--target", target, *options])
+        req = prepare_request(args.kernel_dir, args.target, "h100" if target == "cuda" else None, 1, "offline", 0,
+                              settings)  # fmt: skip
+        req = runs.apply_run_options(req, args, settings)
+        return req.candidates_per_round, req.lockstep
+
+    assert candidates() == (4, False)
+    assert candidates("--gpus", "1") == (2, False)
+    assert candidates("--lockstep") == (2, True)
+    assert candidates("--candidates", "3") == (3, False)
+    assert candidates(target="cpu") == (1, False)

@@ -471,7 +471,9 @@ def test_two_candidates_per_round_offline(temporal_server, settings, llm_env):
     ids = [r.candidate_id for r in res.rounds]
     assert len(set(ids)) == 4 and run.req.baseline.id not in ids
     assert len({(json.dumps(r.tunables, sort_keys=True), tuple(r.flags)) for r in res.rounds}) == 4
-    assert sum(r.accepted for r in res.rounds if r.round == 1) <= 1
+    # Asynchronous slots (decision 0041): each candidate is compared with the best as it finishes, so every
+    # correct one without a regression is either the new best or refused with its reason.
+    assert all(r.accepted or r.refusal or not r.correct or r.regressions for r in res.rounds), res.rounds
     names = [c.activity for c in run.view_calls()]
     assert names.count("plan") == names.count("code") == 4 and names.count("compile") == 5
     assert names.count("test") == 5 + 1 and "analyze" not in names and "design_tests" not in names  # + held-out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from agents import offline
 from kopt.artifacts import ArtifactStore
 from kopt.candidates import candidate_id
@@ -23,12 +25,29 @@ def _setup(tmp_path, target="cuda"):
     return pkg, best
 
 
+# The exhaustive tests walk the CPU space (128 configurations; CUDA's has 800).
+WHOLE = "cpu"
+
+
+def _space(pkg) -> int:
+    """Configurations in the declared space: every tunable's values times each playbook option on or off."""
+    return math.prod(len(t.values) for t in pkg.spec.tunables_for(WHOLE)) * 2 ** len(offline.PLAYBOOK[WHOLE])
+
+
+def _changes(plan, best) -> int:
+    return (sum(plan.tunables[k] != best.tunables[k] for k in plan.tunables)
+            + len(set(plan.flags) ^ set(best.flags)))
+
+
 def test_planner_is_deterministic_and_never_repeats(tmp_path):
-    pkg, best = _setup(tmp_path)
+    """Single changes from the best first (the coordinate moves), then wider ones, fewer changes first,
+    until every configuration of the declared space has been proposed once."""
+    pkg, best = _setup(tmp_path, WHOLE)
     history: list[RoundRecord] = []
+    widths = []
     seen = {(tuple(sorted(best.tunables.items())), tuple(sorted(best.flags)))}
-    for rnd in range(1, 200):
-        req = PlanRequest(package=pkg, target="cuda", round=rnd, best=best, best_speedup=1.0, history=history)
+    for rnd in range(1, 5000):
+        req = PlanRequest(package=pkg, target=WHOLE, round=rnd, best=best, best_speedup=1.0, history=history)
         plan = offline.plan(req)
         assert offline.plan(req) == plan  # same input, same plan
         if plan.exhausted:
@@ -36,12 +55,14 @@ def test_planner_is_deterministic_and_never_repeats(tmp_path):
         key = (tuple(sorted(plan.tunables.items())), tuple(sorted(plan.flags)))
         assert key not in seen
         seen.add(key)
+        widths.append(_changes(plan, best))
         history.append(RoundRecord(round=rnd, candidate_id=str(rnd), description=plan.description,
                                    tunables=plan.tunables, flags=plan.flags, compiled=True, correct=True))
-    # Neighbours of the baseline: every other value of each tunable, plus each playbook flag.
+    # Neighbours of the baseline first: every other value of each tunable, plus each playbook flag.
     spec = pkg.spec
-    n_moves = sum(len(t.values) - 1 for t in spec.tunables_for("cuda")) + len(offline.PLAYBOOK["cuda"])
-    assert plan.exhausted and len(history) == n_moves
+    n_moves = sum(len(t.values) - 1 for t in spec.tunables_for(WHOLE)) + len(offline.PLAYBOOK[WHOLE])
+    assert widths[:n_moves] == [1] * n_moves and widths == sorted(widths)
+    assert plan.exhausted and len(history) == _space(pkg) - 1 and "declared space" in plan.rationale
 
 
 def test_first_rounds_cover_different_dimensions(tmp_path):
@@ -73,29 +94,29 @@ def test_coder_writes_the_source_change(tmp_path):
 
 
 def test_planner_never_proposes_the_baseline_again(tmp_path):
-    pkg, base = _setup(tmp_path)
-    moved = base.model_copy(update={"tunables": {**base.tunables, "VEC": 4}, "id": "moved"})
+    pkg, base = _setup(tmp_path, WHOLE)
+    moved = base.model_copy(update={"tunables": {**base.tunables, "UNROLL": 4}, "id": "moved"})
     history: list[RoundRecord] = []
-    for rnd in range(1, 100):
-        plan = offline.plan(PlanRequest(package=pkg, target="cuda", round=rnd, best=moved, best_speedup=1.2,
+    for rnd in range(1, 5000):
+        plan = offline.plan(PlanRequest(package=pkg, target=WHOLE, round=rnd, best=moved, best_speedup=1.2,
                                         history=history))
         if plan.exhausted:
             break
         assert (plan.tunables, sorted(plan.flags)) != (base.tunables, sorted(base.flags))
         history.append(RoundRecord(round=rnd, candidate_id=str(rnd), description=plan.description,
                                    tunables=plan.tunables, flags=plan.flags, compiled=True, correct=True))
-    assert plan.exhausted
+    assert plan.exhausted and len(history) == _space(pkg) - 2  # all but the best and the baseline
 
 
 def test_planner_never_repeats_with_a_compact_history(tmp_path):
     """As the workflow sends it: the last few records in full, every older one only in the digest."""
-    pkg, best = _setup(tmp_path)
+    pkg, best = _setup(tmp_path, WHOLE)
     records: list[RoundRecord] = []
     seen = {config_key(best.tunables, best.flags)}
-    for rnd in range(1, 200):
+    for rnd in range(1, 5000):
         recent, earlier = compact_history(records, window=3)
         assert len(recent) == min(len(records), 3)
-        req = PlanRequest(package=pkg, target="cuda", round=rnd, best=best, best_speedup=1.0, history=recent,
+        req = PlanRequest(package=pkg, target=WHOLE, round=rnd, best=best, best_speedup=1.0, history=recent,
                           earlier=earlier)
         plan = offline.plan(req)
         if plan.exhausted:
@@ -106,11 +127,9 @@ def test_planner_never_repeats_with_a_compact_history(tmp_path):
         records.append(RoundRecord(round=rnd, candidate_id=str(rnd), description=plan.description,
                                    tunables=plan.tunables, flags=plan.flags, compiled=True, correct=True,
                                    speedup_geomean=1.0))
-    spec = pkg.spec
-    n_moves = sum(len(t.values) - 1 for t in spec.tunables_for("cuda")) + len(offline.PLAYBOOK["cuda"])
-    assert plan.exhausted and len(records) == n_moves
+    assert plan.exhausted and len(records) == _space(pkg) - 1
     # Without the digest the planner would repeat an old configuration: the digest is what prevents it.
-    stripped = offline.plan(PlanRequest(package=pkg, target="cuda", round=len(records) + 1, best=best,
+    stripped = offline.plan(PlanRequest(package=pkg, target=WHOLE, round=len(records) + 1, best=best,
                                         best_speedup=1.0, history=records[-3:]))
     assert not stripped.exhausted and config_key(stripped.tunables, stripped.flags) in earlier.tried
 

@@ -32,3 +32,24 @@ def test_golden_histories_exist_and_span_continue_as_new():
     assert len(GOLDEN) >= 2, "record them with python tests/golden/record.py"
     first = json.loads(GOLDEN[0].read_text())
     assert first["events"][0]["eventType"] in ("EVENT_TYPE_WORKFLOW_EXECUTION_STARTED", "WorkflowExecutionStarted")
+
+
+def _patch_ids(path: Path) -> set[str]:
+    import base64
+
+    ids = set()
+    for event in json.loads(path.read_text())["events"]:
+        marker = event.get("markerRecordedEventAttributes")
+        if marker and marker.get("markerName") == "core_patch":
+            for payload in marker["details"]["patch-data"]["payloads"]:
+                ids.add(json.loads(base64.b64decode(payload["data"]))["id"])
+    return ids
+
+
+def test_a_golden_history_took_each_path_of_the_search():
+    """history-*: rounds in step (recorded before asynchronous slots); history-slots2-*: two slots."""
+    from workflows.patches import ASYNC_SLOTS_PATCH
+
+    by_name = {p.name: _patch_ids(p) for p in GOLDEN}
+    assert ASYNC_SLOTS_PATCH not in by_name["history-1.json"]
+    assert all(ASYNC_SLOTS_PATCH in by_name[f"history-slots2-{i}.json"] for i in (1, 2))

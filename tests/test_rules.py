@@ -176,3 +176,15 @@ def test_a_step_starts_only_where_the_budget_has_room_for_it():
     # Nothing known of the step (the first round), or no budget: no reason to stop.
     assert rules.no_room(wall, used, 99, None, None, "round 1") is None
     assert rules.no_room(Budgets(), used, 1e9, 1e9, 1e9, "round 9") is None
+
+
+@pytest.mark.parametrize("speedup, best, refused", [
+    (1.05, 1.10, True),  # below the best against the baseline: no head-to-head
+    (1.10, 1.10, True),  # level with it
+    (1.11, 1.10, False),  # above it, if by less than min-gain: the head-to-head decides
+])  # fmt: skip
+def test_an_asynchronous_slots_candidate_gets_a_head_to_head_only_above_the_best(speedup, best, refused):
+    why = rules.why_no_head_to_head(speedup, best)
+    assert (why is not None) == refused
+    if refused:
+        assert why.startswith("not the new best") and f"{speedup:.3f}x" in why and "no head-to-head" in why

@@ -83,8 +83,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from kopt.search_attributes import BEST_KEY, KERNEL_KEY, ROUND_KEY
     from workflows import judging, rules
-    from workflows.patches import (ACTIVITY_IDS_PATCH, BUDGET_HOLDOUT_PATCH, BUDGET_RESERVE_PATCH,
-                                   COMPACT_HISTORY_PATCH,
+    from workflows.patches import (ACTIVITY_IDS_PATCH, ASYNC_SLOTS_PATCH, BUDGET_HOLDOUT_PATCH,
+                                   BUDGET_RESERVE_PATCH, COMPACT_HISTORY_PATCH,
                                    HEAD_TO_HEAD_PATCH, HOLDOUT_PATCH, LLM_FAULTS_PATCH, NOISE_FLOOR_PATCH,
                                    SHAPE_GUARD_PATCH, SPECIALIZE_PATCH)  # fmt: skip
     from workflows.rules import Stop, StopKind, geomean, held_out_overfit, significant, speedups
@@ -155,7 +155,7 @@ class OptimizeKernel:
         state = None
         if self._state is not None:
             state = self._state.model_copy(deep=True)
-            state.next_round = state.rounds[-1].round + 1 if state.rounds else state.next_round
+            state.next_round = max(r.round for r in state.rounds) + 1 if state.rounds else state.next_round
             state.events, state.event_total, state.usage = (list(self._progress.events), self._progress.event_total,
                                                             self._usage.model_copy())  # fmt: skip
         return ResumePoint(request=self._req, state=state)
@@ -210,44 +210,10 @@ class OptimizeKernel:
         self._progress.segment = state.segment
         self._progress.best_speedup = state.best_summary.speedup_geomean
         self._started_at = state.started_at
-        first_round = state.next_round
-        stop_reason: str | None = None
-        stop_kind: StopKind | None = None
-
-        for rnd in range(first_round, req.rounds + 1):
-            if rnd > first_round and (rnd - first_round >= req.continue_every
-                                      or workflow.info().is_continue_as_new_suggested()):
-                self._event(f"continuing as new before round {rnd} (segment {state.segment + 1})")
-                state.next_round, state.segment = rnd, state.segment + 1
-                state.events, state.event_total, state.usage = self._progress.events, self._progress.event_total, \
-                    self._usage
-                workflow.continue_as_new(req.model_copy(update={"state": state}))
-            stop = self._stop_reason(req, state) or self._no_room(req, state, state.last_round_s,
-                                                                  state.last_round_device_s, f"round {rnd}")
-            if stop:
-                stop_reason, stop_kind = stop.text, stop.kind
-                self._event(f"stopping before round {rnd}: {stop_reason}")
-                break
-            self._progress.round = rnd
-            round_start, device_start = workflow.now().timestamp(), self._usage.device_seconds
-            try:
-                records = await self._round(req, state, rnd)
-            except StopRun as stopped:
-                stop_reason = self._stop = str(stopped)
-                stop_kind = self._stop_kind = stopped.kind
-                self._event(f"stopping in round {rnd}: {stop_reason}")
-                break
-            state.last_round_s = workflow.now().timestamp() - round_start
-            state.last_round_device_s = self._usage.device_seconds - device_start
-            if records is None:
-                stop_reason, stop_kind = "the planner has nothing new to try", "exhausted"
-                break
-            state.rounds.extend(records)
-            improved = any(r.accepted for r in records)
-            state.rounds_since_improvement = 0 if improved else state.rounds_since_improvement + 1
-            if KERNEL_KEY in workflow.info().typed_search_attributes:  # registered on this namespace
-                workflow.upsert_search_attributes([ROUND_KEY.value_set(rnd),
-                                                   BEST_KEY.value_set(state.best_summary.speedup_geomean)])
+        # Offline, several candidates a round: asynchronous slots (ASYNC_SLOTS_PATCH); else rounds in step.
+        search = (self._slots if req.candidates_per_round > 1 and req.provider == "offline" and not req.single_agent
+                  and not req.lockstep and workflow.patched(ASYNC_SLOTS_PATCH) else self._rounds)
+        stop_reason, stop_kind = await search(req, state, state.next_round)
 
         specialized = None
         dispatch = spec.dispatch.get(req.target)
@@ -281,6 +247,133 @@ class OptimizeKernel:
                               extra_test_shapes=state.extra_test_shapes,
                               llm_stopped=self._stop is not None and stop_reason == self._stop, holdout=holdout,
                               specialized=specialized)
+
+    async def _rounds(self, req: OptimizeRequest, state: RunState,
+                      first_round: int) -> tuple[str | None, StopKind | None]:  # fmt: skip
+        """The search in rounds: each round's candidates are proposed, judged side by side, and the
+        round's best compared with the run's best once all of them are done. Returns why it stopped."""
+        stop_reason: str | None = None
+        stop_kind: StopKind | None = None
+        for rnd in range(first_round, req.rounds + 1):
+            if rnd > first_round and (rnd - first_round >= req.continue_every
+                                      or workflow.info().is_continue_as_new_suggested()):
+                self._continue_as_new(req, state, rnd)
+            stop = self._stop_reason(req, state) or self._no_room(req, state, state.last_round_s,
+                                                                  state.last_round_device_s, f"round {rnd}")
+            if stop:
+                stop_reason, stop_kind = stop.text, stop.kind
+                self._event(f"stopping before round {rnd}: {stop_reason}")
+                break
+            self._progress.round = rnd
+            round_start, device_start = workflow.now().timestamp(), self._usage.device_seconds
+            try:
+                records = await self._round(req, state, rnd)
+            except StopRun as stopped:
+                stop_reason = self._stop = str(stopped)
+                stop_kind = self._stop_kind = stopped.kind
+                self._event(f"stopping in round {rnd}: {stop_reason}")
+                break
+            state.last_round_s = workflow.now().timestamp() - round_start
+            state.last_round_device_s = self._usage.device_seconds - device_start
+            if records is None:
+                stop_reason, stop_kind = "the planner has nothing new to try", "exhausted"
+                break
+            state.rounds.extend(records)
+            improved = any(r.accepted for r in records)
+            state.rounds_since_improvement = 0 if improved else state.rounds_since_improvement + 1
+            self._upsert_round(rnd, state)
+        return stop_reason, stop_kind
+
+    async def _slots(self, req: OptimizeRequest, state: RunState,
+                     first_round: int) -> tuple[str | None, StopKind | None]:  # fmt: skip
+        """The search in asynchronous slots (ASYNC_SLOTS_PATCH): `candidates_per_round` candidates are
+        judged at once; each one is compared with the run's best as soon as it finishes, and its slot
+        takes the next proposal (made from the best as it is then, every running configuration counted
+        as tried), so no device waits for a slower candidate. Proposal p is round p // N + 1, slot
+        p % N; records are kept by (round, slot), events in the order the candidates finished. A history
+        segment ends on a round boundary once its running candidates are done. Returns why it stopped."""
+        n = req.candidates_per_round
+        nxt, last = (first_round - 1) * n, req.rounds * n
+        segment_end = (first_round - 1 + req.continue_every) * n
+        running: dict[asyncio.Task, tuple[int, int, float, RoundRecord]] = {}  # -> round, slot, start, placeholder
+        stop: Stop | None = None
+        since = state.rounds_since_improvement * n  # candidates judged since the last new best
+        idle = False  # the planner had nothing new while candidates ran: wait for one of them first
+        while True:
+            while stop is None and not idle and len(running) < n and nxt < min(last, segment_end):
+                rnd, slot = nxt // n + 1, nxt % n
+                if nxt > (first_round - 1) * n and slot == 0 and workflow.info().is_continue_as_new_suggested():
+                    segment_end = nxt
+                    break
+                stop = self._stop_reason(req, state) or self._no_room(
+                    req, state, state.last_round_s, state.last_round_device_s, f"round {rnd}/{slot}")
+                if stop is not None:
+                    still = f" ({len(running)} running candidate(s) finish first)" if running else ""
+                    self._event(f"stopping before round {rnd}/{slot}: {stop.text}{still}")
+                    break
+                self._progress.round = rnd
+                tried = [*state.rounds, *(placeholder for *_, placeholder in running.values())]
+                try:
+                    proposal = await self._propose(req, state, (rnd, slot), tried, None)
+                except StopRun as stopped:
+                    self._stop, self._stop_kind = str(stopped), stopped.kind
+                    stop = Stop(stopped.kind, str(stopped))
+                    self._event(f"stopping in round {rnd}/{slot}: {stop.text}")
+                    break
+                if proposal is None:
+                    if not running:
+                        stop = Stop("exhausted", "the planner has nothing new to try")
+                        self._event(f"round {rnd}/{slot}: planner has nothing new to try; stopping")
+                    idle = True
+                    break
+                nxt += 1
+                if isinstance(proposal, str):
+                    state.rounds.append(RoundRecord(
+                        round=rnd, candidate_id=f"round{rnd}-slot{slot}-no-candidate", description="(no candidate)",
+                        tunables={}, flags=[], slot=slot, compiled=False, correct=False, failure=proposal,
+                        status="no candidate"))
+                    self._event(f"round {rnd}/{slot}: {proposal}")
+                    continue
+                plan, coded = proposal
+                task = asyncio.ensure_future(self._candidate(req, (rnd, slot), state.best, plan, coded, None))
+                running[task] = (rnd, slot, workflow.now().timestamp(), RoundRecord(
+                    round=rnd, candidate_id=coded.candidate.id, description=plan.description, tunables=plan.tunables,
+                    flags=plan.flags, slot=slot, compiled=False, correct=False, failure=EVALUATING,
+                    status="evaluating"))
+            if not running:
+                break
+            done, _ = await workflow.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=lambda t: running[t][:2]):
+                rnd, slot, started, _ = running.pop(task)
+                try:
+                    outcome, cand = task.result()
+                except StopRun as stopped:
+                    self._stop, self._stop_kind = str(stopped), stopped.kind
+                    stop = stop or Stop(stopped.kind, str(stopped))
+                    self._event(f"stopping in round {rnd}/{slot}: {stopped}")
+                    continue
+                records = await self._decide(req, state, rnd, [(outcome, cand)], [slot], [], screen=True)
+                state.rounds = sorted([*state.rounds, *records], key=lambda r: (r.round, r.slot))
+                state.last_round_s = workflow.now().timestamp() - started
+                state.last_round_device_s = _judging_seconds(outcome)
+                since = 0 if any(r.accepted for r in records) else since + 1
+                state.rounds_since_improvement = since // n
+                self._upsert_round(rnd, state)
+            idle = False
+        if stop is None and nxt < last and nxt == segment_end:
+            self._continue_as_new(req, state, nxt // n + 1)
+        return (stop.text, stop.kind) if stop is not None else (None, None)
+
+    def _continue_as_new(self, req: OptimizeRequest, state: RunState, rnd: int) -> None:
+        self._event(f"continuing as new before round {rnd} (segment {state.segment + 1})")
+        state.next_round, state.segment = rnd, state.segment + 1
+        state.events, state.event_total, state.usage = self._progress.events, self._progress.event_total, self._usage
+        workflow.continue_as_new(req.model_copy(update={"state": state}))
+
+    def _upsert_round(self, rnd: int, state: RunState) -> None:
+        if KERNEL_KEY in workflow.info().typed_search_attributes:  # registered on this namespace
+            workflow.upsert_search_attributes([ROUND_KEY.value_set(rnd),
+                                               BEST_KEY.value_set(state.best_summary.speedup_geomean)])
 
     async def _holdout(self, req: OptimizeRequest, state: RunState) -> HoldoutResult:
         """The best, tested and then timed against the baseline (interleaved A/B) on the held-out
@@ -513,7 +606,15 @@ class OptimizeKernel:
         outcomes = await asyncio.gather(*[
             self._candidate(req, (rnd, slot), state.best, plan, coded, diagnosis)
             for slot, (plan, coded) in zip(slots, proposals)])
+        return await self._decide(req, state, rnd, outcomes, slots, failed)
 
+    async def _decide(self, req: OptimizeRequest, state: RunState, rnd: int,
+                      outcomes: list[tuple[CandidateOutcome, Candidate]], slots: list[int], failed: list[RoundRecord],
+                      screen: bool = False) -> list[RoundRecord]:  # fmt: skip
+        """The judged candidates of round `rnd` (`outcomes`, in the round slots `slots`) against the run's
+        best: the best of them replaces it if the rules say so. Their records and the failed slots',
+        by slot. `screen` (asynchronous slots): a candidate no faster than the best against the baseline
+        is refused without its head-to-head measurement."""
         regressed: dict[int, list[str]] = {}  # slot -> its slower shapes (SHAPE_GUARD_PATCH)
         measured: list[tuple[int, float, bool]] = []  # (slot, speedup, eligible as the round's best)
         for slot, (outcome, _) in enumerate(outcomes):
@@ -529,9 +630,13 @@ class OptimizeKernel:
         versus: ProfileResult | None = None  # the round's best against the best, head to head
         if best_slot is not None:
             outcome, cand = outcomes[best_slot]
-            if self._head_to_head and state.best.id != req.baseline.id:
+            screened = (rules.why_no_head_to_head(outcome.speedup_geomean, state.best_summary.speedup_geomean)
+                        if screen and state.best.id != req.baseline.id else None)
+            if screened is None and self._head_to_head and state.best.id != req.baseline.id:
                 versus = await self._versus_best(req, state, rnd, outcome, cand)
-            if versus is not None:
+            if screened is not None:
+                refused = screened
+            elif versus is not None:
                 refused = rules.why_not_better_head_to_head(versus, req.min_gain, significant(outcome.profile))
             else:  # against the baseline (the best so far, a best whose library the state lacks, or a run
                 # recorded before HEAD_TO_HEAD_PATCH)
@@ -553,7 +658,7 @@ class OptimizeKernel:
             ci = f" [{outcome.speedup_ci[0]:.3f}, {outcome.speedup_ci[1]:.3f}]" if outcome.speedup_ci else ""
             verdict = (f"{outcome.speedup_geomean:.3f}x{ci}" if outcome.speedup_geomean is not None
                        else f"rejected ({_failure(outcome)})")
-            tag = f"round {rnd}" + (f"/{slots[slot]}" if len(outcomes) + len(failed) > 1 else "")
+            tag = f"round {rnd}" + (f"/{slots[slot]}" if len(outcomes) + len(failed) > 1 or screen else "")
             slow = regressed.get(slot, [])
             if slow:
                 verdict += (f"; slower than the baseline at {', '.join(slow)}"

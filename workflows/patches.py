@@ -52,3 +52,9 @@ BUDGET_HOLDOUT_PATCH = "budget-skips-holdout"
 # or the best's own test and profile): the run ends within its budget instead of overrunning it by a
 # step begun near its end (rules.no_room, issue #28). Older histories replay without the checks.
 BUDGET_RESERVE_PATCH = "budget-reserves-steps"
+
+# Offline runs of several candidates a round started with ASYNC_SLOTS_PATCH judge their candidates in
+# asynchronous slots: each candidate is compared with the best as soon as it finishes and its slot takes
+# the next proposal, so no GPU waits for a round's slowest candidate (docs/decisions/0041, issue #28).
+# Older histories, and runs of one candidate a round or of an LLM provider, replay rounds in step.
+ASYNC_SLOTS_PATCH = "async-slots"

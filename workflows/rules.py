@@ -103,6 +103,17 @@ def why_not_better_head_to_head(versus: ProfileResult | None, min_gain: float, i
     return None
 
 
+def why_no_head_to_head(speedup: float, best_speedup: float) -> str | None:
+    """Asynchronous slots judge each candidate against the best as soon as it finishes: one that is not
+    even above the best's speedup over the baseline is refused without the head-to-head measurement (it
+    would need the two baseline-relative figures to be off by the minimum gain and more). None where the
+    head-to-head decides."""
+    if speedup <= best_speedup:
+        return (f"not the new best: {speedup:.3f}x over the baseline, not above the best's {best_speedup:.3f}x "
+                "(no head-to-head)")
+    return None
+
+
 def bucket_gain(speedup: float, best_speedup: float, bucket_ratios: list[float], min_gain: float) -> bool:
     """A shape-specialized library replaces the best: better by min_gain overall, or no worse overall
     with one bucket better by min_gain and none worse by it (a prefill win that decode-heavy weights

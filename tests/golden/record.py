@@ -2,9 +2,11 @@
 
 Run when the workflow changes *intentionally* in a way running workflows can absorb (use
 workflow.patched() for that), never to paper over a non-deterministic change:
-    python tests/golden/record.py
+    python tests/golden/record.py                  # history-1.json, history-2.json
+    python tests/golden/record.py --candidates 2   # history-slots2-*.json: asynchronous slots
 It runs a short offline optimization of the `repeat` fixture on a fresh dev server, with two
-history segments (continue-as-new), and writes each segment's history as JSON.
+history segments (continue-as-new), and writes each segment's history as JSON (replacing only the
+files of its own name).
 """
 
 from __future__ import annotations
@@ -28,26 +30,28 @@ from tests.conftest import cpu_cluster  # noqa: E402
 OUT = Path(__file__).resolve().parent
 
 
-async def main() -> None:
+async def main(candidates: int) -> None:
+    prefix = "history" if candidates == 1 else f"history-slots{candidates}"
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         server = start_dev_server(home / "temporal.db", port=0, ui_port=0, headless=True)
         try:
             settings = Settings(home=home)
-            req = prepare_request(REPO / "tests" / "fixtures" / "repeat", "cpu", None, 3, "offline", 1, settings)
-            req = req.model_copy(update={"continue_every": 2})
+            rounds, every = (3, 2) if candidates == 1 else (2, 1)  # several candidates: a round a segment
+            req = prepare_request(REPO / "tests" / "fixtures" / "repeat", "cpu", None, rounds, "offline", 1, settings)
+            req = req.model_copy(update={"continue_every": every, "candidates_per_round": candidates})
             async with cpu_cluster(server.address, settings) as client:
                 wf_id = "golden-repeat"
                 await client.execute_workflow(queues.WORKFLOW_NAME, req, id=wf_id, task_queue=queues.WORKFLOW_QUEUE,
                                               result_type=OptimizeResult)
-                for old in OUT.glob("history-*.json"):
+                for old in OUT.glob(f"{prefix}-[0-9]*.json"):
                     old.unlink()
                 for i, history in enumerate(await segments(client, wf_id), start=1):
-                    (OUT / f"history-{i}.json").write_text(history.to_json())
-                    print(f"wrote history-{i}.json ({len(history.events)} events)")
+                    (OUT / f"{prefix}-{i}.json").write_text(history.to_json())
+                    print(f"wrote {prefix}-{i}.json ({len(history.events)} events)")
         finally:
             server.stop()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(int(sys.argv[sys.argv.index("--candidates") + 1]) if "--candidates" in sys.argv else 1))
