@@ -197,7 +197,8 @@ class ShapeSpeedup(BaseModel):
 
 # What became of a round's candidate. Records written before the field have none: `kind` reads their
 # failure text instead (its words before the first colon were the status).
-RoundStatus = Literal["measured", "no candidate", "evaluating", "compile error", "wrong result", "profile failed"]
+RoundStatus = Literal["measured", "no candidate", "evaluating", "compile error", "wrong result", "profile failed",
+                      "cancelled"]  # cancelled: still running when the run's wall-time budget ran out
 FAILURE_STATUSES: tuple[str, ...] = ("compile error", "wrong result", "profile failed")
 EVALUATING = "being evaluated in this round"  # the failure text of a record whose candidate is not judged yet
 

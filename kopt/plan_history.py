@@ -30,7 +30,7 @@ def outcome(record: RoundRecord) -> str:
     if record.speedup_geomean is not None:
         return f"{record.speedup_geomean:.3f}x" + (" best" if record.accepted else "")
     kind = record.kind
-    if kind in ("evaluating", "compile error", "wrong result", "profile failed"):
+    if kind in ("evaluating", "compile error", "wrong result", "profile failed", "cancelled"):
         return kind
     if record.failure:  # no candidate: the agent's reply was unusable
         return record.failure.split(":", 1)[0]

@@ -438,3 +438,51 @@ def test_a_wall_time_budget_is_not_overrun_by_a_round_begun_near_its_end(tempora
     assert result.holdout is not None and result.holdout.reason == f"skipped: {result.stop_reason}"
     assert took < budget * 1.05 + 1.5, took  # before: a round and the held-out step past it (>= 9 s)
     print(f"budget {budget} s: {len(result.rounds)} rounds, {took:.1f} s with the workers' start and stop")
+
+
+def test_asynchronous_slots_cancel_the_candidates_running_when_the_wall_time_budget_runs_out(temporal_server,
+                                                                                             tmp_path):
+    """On an H100 a 140-s budget ended at 186 s: the first candidates began with no estimate of their time
+    and ran on past it. In asynchronous slots a timer wakes the workflow at the budget; the candidates still
+    running are cancelled (their activities see it at their next heartbeat), recorded as cancelled, and
+    the run ends there, the held-out step skipped."""
+    from kopt.models import Shape
+    from kopt.run_models import Budgets
+
+    script = Script({(r, s): (1.2, "faster", 1.21) for r in (1, 2) for s in (0, 1)})
+    acts = script.activities()
+    test_fn, profile_fn = acts["exec"]
+    cancelled: list[str] = []
+
+    @activity.defn(name=PROFILE.name)
+    async def endless_profile(req: ExecRequest) -> ProfileResult:
+        if req.candidate_id in script.ids:  # a candidate (not the baseline): far longer than the budget
+            try:
+                for _ in range(600):
+                    activity.heartbeat()
+                    await asyncio.sleep(0.1)
+            except asyncio.CancelledError:
+                cancelled.append(req.candidate_id)
+                raise
+        return await profile_fn(req)
+
+    script.activities = lambda: {**acts, "exec": [test_fn, endless_profile]}
+    budget = 6.0
+    start = time.monotonic()
+    result = asyncio.run(_run(temporal_server.address, tmp_path / "home", script, rounds=2, slots=2,
+                              holdout_shapes=[Shape(dims={"N": 77})], budgets=Budgets(max_wall_time_s=budget)))
+    took = time.monotonic() - start
+    assert result.stop_reason.startswith("wall-time budget reached"), result.stop_reason
+    assert [(r.round, r.slot, r.status) for r in result.rounds] == [(1, 0, "cancelled"), (1, 1, "cancelled")]
+    assert all(r.failure == f"cancelled: {result.stop_reason}" for r in result.rounds)
+    assert sorted(cancelled) == ["cand-r1-s0", "cand-r1-s1"]  # each activity was told, not abandoned
+    assert result.holdout is not None and result.holdout.reason.startswith("skipped: wall-time budget")
+    assert result.best.candidate_id == result.baseline.candidate_id
+    assert took < budget * 1.05 + 1.5, took
+    # The report lists them as cancelled.
+    from frontend.report import build_report, render_markdown
+
+    req = prepare_request(REPO / "tests" / "fixtures" / "repeat", "cpu", None, 2, "offline", 0,
+                          Settings(home=tmp_path / "home"))  # fmt: skip
+    markdown = render_markdown(build_report("run", "temporal-run", req, result, None), "kernel.cpp")
+    assert markdown.count("cancelled: wall-time budget reached") >= 2, markdown

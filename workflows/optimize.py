@@ -83,8 +83,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from kopt.search_attributes import BEST_KEY, KERNEL_KEY, ROUND_KEY
     from workflows import judging, rules
-    from workflows.patches import (ACTIVITY_IDS_PATCH, ASYNC_SLOTS_PATCH, BUDGET_HOLDOUT_PATCH,
-                                   BUDGET_RESERVE_PATCH, COMPACT_HISTORY_PATCH,
+    from workflows.patches import (ACTIVITY_IDS_PATCH, ASYNC_SLOTS_PATCH, BUDGET_CANCELS_PATCH,
+                                   BUDGET_HOLDOUT_PATCH, BUDGET_RESERVE_PATCH, COMPACT_HISTORY_PATCH,
                                    HEAD_TO_HEAD_PATCH, HOLDOUT_PATCH, LLM_FAULTS_PATCH, NOISE_FLOOR_PATCH,
                                    SHAPE_GUARD_PATCH, SPECIALIZE_PATCH)  # fmt: skip
     from workflows.rules import Stop, StopKind, geomean, held_out_overfit, significant, speedups
@@ -299,6 +299,9 @@ class OptimizeKernel:
         stop: Stop | None = None
         since = state.rounds_since_improvement * n  # candidates judged since the last new best
         idle = False  # the planner had nothing new while candidates ran: wait for one of them first
+        wall = req.budgets.max_wall_time_s
+        deadline = (self._started_at + wall if wall is not None and self._started_at is not None
+                    and workflow.patched(BUDGET_CANCELS_PATCH) else None)  # fmt: skip
         while True:
             while stop is None and not idle and len(running) < n and nxt < min(last, segment_end):
                 rnd, slot = nxt // n + 1, nxt % n
@@ -342,7 +345,12 @@ class OptimizeKernel:
                     status="evaluating"))
             if not running:
                 break
-            done, _ = await workflow.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
+            left = None if deadline is None else max(deadline - workflow.now().timestamp(), 0.001)
+            done, _ = await workflow.wait(list(running), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if not done:  # the wall-time budget ran out with candidates running
+                stop = self._stop_reason(req, state) or Stop("budget", "wall-time budget reached")
+                await self._cancel_running(running, state, stop)
+                break
             for task in sorted(done, key=lambda t: running[t][:2]):
                 rnd, slot, started, _ = running.pop(task)
                 try:
@@ -363,6 +371,20 @@ class OptimizeKernel:
         if stop is None and nxt < last and nxt == segment_end:
             self._continue_as_new(req, state, nxt // n + 1)
         return (stop.text, stop.kind) if stop is not None else (None, None)
+
+    async def _cancel_running(self, running: dict, state: RunState, stop: Stop) -> None:
+        """Cancel the candidates still running when the wall-time budget ran out (BUDGET_CANCELS_PATCH):
+        their activities are asked to stop (a harness child is killed at its next heartbeat) and each
+        is recorded as cancelled."""
+        for task in running:
+            task.cancel()
+        await workflow.wait(list(running))
+        why = f"cancelled: {stop.text}"
+        for rnd, slot, _, placeholder in sorted(running.values(), key=lambda v: v[:2]):
+            self._event(f"round {rnd}/{slot}: {placeholder.description}: {why}")
+            state.rounds.append(placeholder.model_copy(update={"failure": why, "status": "cancelled"}))
+        state.rounds.sort(key=lambda r: (r.round, r.slot))
+        running.clear()
 
     def _continue_as_new(self, req: OptimizeRequest, state: RunState, rnd: int) -> None:
         self._event(f"continuing as new before round {rnd} (segment {state.segment + 1})")
