@@ -317,25 +317,38 @@ MIX = (("512-bit vector", re.compile(r"%zmm")), ("256-bit vector", re.compile(r"
        ("scalar float", re.compile(r"^v?\w+s[sd]\b")), ("packed float", re.compile(r"^v?\w+p[sd]\b")))  # fmt: skip
 
 
+def disassemble(binary: Path, timeout_s: float) -> str | None:
+    """objdump -d of a library or archive (demangled, one instruction a line, no raw bytes): a linear
+    sweep of every executable section. None where objdump is missing or fails; TimeoutExpired passes
+    through (a caller that judges may not take a binary it could not read for a clean one)."""
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        return None
+    try:
+        proc = subprocess.run([objdump, "-d", "-C", "-w", "--no-show-raw-insn", str(binary)], capture_output=True,
+                              text=True, errors="replace", timeout=timeout_s)  # fmt: skip
+    except OSError:
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
 def instruction_mix(library: Path) -> str:
     """One line on the library's own machine code (objdump -d): how many instructions, how many use
     512/256-bit registers, FMA, fp16 conversions, scalar and packed float, and the calls it makes out
     (libm's expf, say). Empty where objdump is missing or fails (x86-64 spellings; elsewhere the
     counts are of what matches)."""
-    objdump = shutil.which("objdump")
-    if objdump is None or not Path(library).is_file():
+    if not Path(library).is_file():
         return ""
     try:
-        proc = subprocess.run([objdump, "-d", "-C", "-w", "--no-show-raw-insn", str(library)], capture_output=True,
-                              text=True, errors="replace", timeout=60)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
+        listing = disassemble(library, timeout_s=60)
+    except subprocess.TimeoutExpired:
         return ""
-    if proc.returncode != 0:
+    if listing is None:
         return ""
     counts = {name: 0 for name, _ in MIX}
     calls: dict[str, int] = {}
     total, own = 0, False
-    for line in proc.stdout.splitlines():
+    for line in listing.splitlines():
         if head := re.match(r"^[0-9a-f]+ <(.+)>:$", line):
             name = head.group(1)
             own = "@plt" not in name and name not in SKIPPED_FUNCTIONS

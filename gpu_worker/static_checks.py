@@ -429,19 +429,15 @@ def _forbidden_instructions(binary: Path) -> dict[tuple[str, str], list[str]] | 
     code (objdump -d, a linear sweep of every executable section), and of the branches and rip-relative
     addresses that land inside a function but not on an instruction start (as MID_INSTRUCTION); None
     when objdump is missing or fails."""
-    objdump = shutil.which("objdump")
-    if objdump is None:
-        return None
-    proc = subprocess.run([objdump, "-d", "-C", "-w", "--no-show-raw-insn", str(binary)], capture_output=True,
-                          text=True, errors="replace", timeout=120)  # fmt: skip
-    if proc.returncode != 0:
+    listing = build.disassemble(binary, timeout_s=120)
+    if listing is None:
         return None
     found: dict[tuple[str, str], list[str]] = {}
     function = "?"
     starts: set[int] = set()
     spans: list[tuple[int, int]] = []  # each function's (first, last) instruction address
     targets: list[tuple[str, str, int]] = []  # (function, address, target) of branches and rip-relative operands
-    for line in proc.stdout.splitlines():
+    for line in listing.splitlines():
         if head := FUNCTION.match(line):
             function = head.group(2)
             spans.append((int(head.group(1), 16), int(head.group(1), 16)))
