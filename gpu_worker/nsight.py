@@ -14,8 +14,6 @@ from __future__ import annotations
 import csv
 import io
 import re
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -127,19 +125,15 @@ async def run(job: HarnessJob, shapes: list[Shape], heartbeat) -> NsightSummary:
     if tool is None:
         summary.note = "Nsight Compute (ncu) not found on the worker"
         return summary
-    workdir = Path(tempfile.mkdtemp(prefix=spawn.WORKDIR_PREFIX))
-    try:
-        (workdir / "scratch").mkdir()
-        report = workdir / "scratch" / "ncu.csv"
+
+    def tool_job(report: Path) -> HarnessJob:
         # --clock-control none: the tool must not lock the GPU's clocks (its default): a run killed before
         # it restores them would leave every later timing on that GPU, and other slots' timings, changed.
         prefix = [tool, "--csv", "--log-file", str(report), "--launch-count", str(NSIGHT_LAUNCHES),
                   "--clock-control", "none", "--metrics", ",".join(METRICS)]  # fmt: skip
-        tool_job = nsight_job(job, shape, dtype, prefix, install_dirs(tool))
-        out = await spawn.spawn(tool_job, new_key(), workdir, NSIGHT_TIMEOUT_S, heartbeat)
-        text = report.read_text(errors="replace") if report.is_file() else ""
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        return nsight_job(job, shape, dtype, prefix, install_dirs(tool))
+
+    out, text = await spawn.spawn_under_tool(tool_job, new_key(), NSIGHT_TIMEOUT_S, heartbeat)
     summary.kernels = parse(text)
     if not summary.kernels:
         said = [ln.strip() for ln in (text + "\n" + out.log).splitlines() if ln.strip().startswith("==")]

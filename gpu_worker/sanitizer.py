@@ -14,8 +14,6 @@ disguise.
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 from containment.build import find_cuda_tool
@@ -102,20 +100,16 @@ async def run(job: HarnessJob, req: ExecRequest, heartbeat) -> tuple[bool | None
     verdicts: list[bool | None] = []
     summaries: list[str] = []
     for name in tools:
-        workdir = Path(tempfile.mkdtemp(prefix=spawn.WORKDIR_PREFIX))
-        try:
-            # In the jail's scratch (spawn.spawn's workdir/scratch): the only place the tool can write.
-            (workdir / "scratch").mkdir()
-            log_file = workdir / "scratch" / "sanitizer.log"
+        checked = sanitizer_job(job, name)
+
+        def tool_job(log_file: Path, name: str = name, checked: HarnessJob = checked) -> HarnessJob:
             # API errors are not counted: torch's own feature probes return some on purpose.
             prefix = [tool, "--tool", name, "--report-api-errors", "no", "--error-exitcode", str(ERROR_EXIT),
                       "--print-limit", str(PRINT_LIMIT), "--log-file", str(log_file)]  # fmt: skip
-            tool_job = sanitizer_job(job, name).model_copy(update={"host_prefix": prefix})
-            out = await spawn.spawn(tool_job, new_key(), workdir, req.timeout_s, heartbeat)
-            log = log_file.read_text(errors="replace") if log_file.is_file() else ""
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        ok, summary = outcome(name, log, out.timed_out, len(tool_job.shapes))
+            return checked.model_copy(update={"host_prefix": prefix})
+
+        out, log = await spawn.spawn_under_tool(tool_job, new_key(), req.timeout_s, heartbeat)
+        ok, summary = outcome(name, log, out.timed_out, len(checked.shapes))
         if ok is False:
             return False, summary
         verdicts.append(ok)

@@ -16,9 +16,11 @@ import asyncio
 import concurrent.futures
 import os
 import queue
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -160,6 +162,25 @@ async def spawn(
         for fd in (r, w):
             if fd >= 0:
                 os.close(fd)
+
+
+TOOL_LOG = "tool.log"  # every tool's log has this one name: a kernel that lists its scratch learns nothing
+
+
+async def spawn_under_tool(make_job: Callable[[Path], HarnessJob], key: bytes, timeout_s: float,
+                           heartbeat: Heartbeat | None) -> tuple[Outcome, str]:  # fmt: skip
+    """Run a harness child whose kernel hosts run under a tool (compute-sanitizer, ncu): the tool writes
+    its log in the jail's scratch, the one place it can write. `make_job(log_path)` gives the job with
+    the tool's prefix naming that path. Returns the spawn's outcome and the log's text ("" where the
+    tool wrote none); the folder is removed."""
+    workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+    try:
+        (workdir / "scratch").mkdir()
+        log_path = workdir / "scratch" / TOOL_LOG
+        out = await spawn(make_job(log_path), key, workdir, timeout_s, heartbeat)
+        return out, log_path.read_text(errors="replace") if log_path.is_file() else ""
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 class _ExecChild:

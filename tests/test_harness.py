@@ -626,3 +626,30 @@ def test_a_sanitizer_verdict_comes_from_its_log_alone():
     ok, why = outcome("memcheck", head, False, 5)
     assert ok is None and why.startswith("memcheck: did not complete (no summary")
     assert outcome("memcheck", head, True, 5) == (None, "memcheck: did not complete (timed out)")
+
+
+def test_a_tool_runs_the_kernel_hosts_and_writes_its_log_in_the_jails_scratch(libs, scale2):
+    """spawn.spawn_under_tool, as compute-sanitizer and ncu use it, with a shell standing in for the
+    tool: it writes its log where the jail lets it (the scratch, under the one neutral name), then runs
+    the kernel host it was put in front of; the caller gets the log's text and the folder is gone."""
+    from gpu_worker.protocol import new_key
+
+    req = request(scale2, "test", ["float16"], edge_shapes=False)
+    req.shapes = [Shape(dims={"N": 17})]
+    job = runner._job("test", req, libs["scale2"], SCALE2, scale2, None).model_copy(
+        update={"sandbox": False, "fuzz_budget": 0, "sequences": False, "large_shapes": False})
+    seen: list[Path] = []
+
+    def tool_job(log: Path):
+        seen.append(log)
+        script = 'echo "tool in front of: $(basename "$1")" >> "$0"; exec "$@"'
+        return job.model_copy(update={"host_prefix": ["/bin/sh", "-c", script, str(log)]})
+
+    out, log = asyncio.run(spawn.spawn_under_tool(tool_job, new_key(), 120, None))
+    assert not out.timed_out and out.frames.result is not None, (out.log, log)
+    from kopt.models import TestResult
+
+    assert TestResult.model_validate_json(out.frames.result).correct, out.frames.result
+    assert seen[0].name == spawn.TOOL_LOG and seen[0].parent.name == "scratch"
+    assert log.startswith("tool in front of: python"), log  # the kernel host's interpreter came next
+    assert not seen[0].parent.parent.exists()
