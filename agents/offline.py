@@ -23,18 +23,24 @@ from kopt.package import apply_tunables, read_tunables
 from kopt.plan_history import config_key
 
 
+def _nearest_first(values: list[int], current: int | None) -> list[int]:
+    """`values` other than `current`, nearest in the declared order first (on a tie, the later one)."""
+    others = [v for v in values if v != current]
+    if current is not None and current in values:
+        idx = values.index(current)
+        others.sort(key=lambda v: (abs(values.index(v) - idx), -values.index(v)))
+    return others
+
+
 def _moves(req: PlanRequest) -> list[list[tuple[str, dict[str, int], list[str]]]]:
     """Candidate moves from the best configuration, grouped by dimension."""
     best_t, best_f = dict(req.best.tunables), list(req.best.flags)
     dims: list[list[tuple[str, dict[str, int], list[str]]]] = []
     for tunable in req.package.spec.tunables_for(req.target):
         current = best_t.get(tunable.name)
-        values = [v for v in tunable.values if v != current]
         # Nearest values first: small steps are the likeliest to keep what already works.
-        if current is not None and current in tunable.values:
-            idx = tunable.values.index(current)
-            values.sort(key=lambda v: (abs(tunable.values.index(v) - idx), -tunable.values.index(v)))
-        dims.append([(f"{tunable.name} {current} -> {v}", {**best_t, tunable.name: v}, best_f) for v in values])
+        dims.append([(f"{tunable.name} {current} -> {v}", {**best_t, tunable.name: v}, best_f)
+                     for v in _nearest_first(list(tunable.values), current)])
     flag_moves = []
     for flag, why in PLAYBOOK.get(req.target, []):
         if flag in best_f:
@@ -43,15 +49,6 @@ def _moves(req: PlanRequest) -> list[list[tuple[str, dict[str, int], list[str]]]
             flag_moves.append((f"add {flag} ({why})", best_t, [*best_f, flag]))
     dims.append(flag_moves)
     return [d for d in dims if d]
-
-
-def _nearest_first(values: list[int], current: int | None) -> list[int]:
-    """`values` other than `current`, nearest in the declared order first (on a tie, the later one)."""
-    others = [v for v in values if v != current]
-    if current is not None and current in values:
-        idx = values.index(current)
-        others.sort(key=lambda v: (abs(values.index(v) - idx), -values.index(v)))
-    return others
 
 
 Change = tuple[str, str, object]  # (dimension kind "tunable" | "flag", name, new value), with its words
@@ -98,40 +95,30 @@ def _baseline_key(req: PlanRequest) -> str:
     return config_key(read_tunables(source, [t.name for t in spec.tunables_for(req.target)]), flags)
 
 
+def _proposals(req: PlanRequest) -> Iterator[tuple[str, dict[str, int], list[str], str]]:
+    """(words, tunables, flags, rationale) in the order the planner offers them: the coordinate moves,
+    dimension by dimension from the round's own, then the wider ones."""
+    best = f"from the best candidate {req.best.id} (speedup {req.best_speedup:.3f}x)"
+    dims = _moves(req)
+    for offset in range(len(dims)):
+        for description, tunables, flags in dims[(req.round - 1 + offset) % len(dims)]:
+            yield (description, tunables, flags,
+                   f"coordinate search {best}: one change at a time, untried configurations only")
+    for description, tunables, flags, width in _wider(req):
+        yield (description, tunables, flags, f"widening search {best}: every single change from it has been "
+               f"tried; {width} changes at once, untried configurations only")
+
+
 def plan(req: PlanRequest) -> Plan:
     tried = {config_key(h.tunables, h.flags) for h in req.history}
     if req.earlier is not None:  # records older than the request's window
         tried.update(req.earlier.tried)
     tried.add(config_key(req.best.tunables, req.best.flags))
     tried.add(_baseline_key(req))  # measured in round 0
-    dims = _moves(req)
-    for offset in range(len(dims)):
-        dim = dims[(req.round - 1 + offset) % len(dims)]
-        for description, tunables, flags in dim:
-            if config_key(tunables, flags) not in tried:
-                return Plan(
-                    round=req.round,
-                    description=description,
-                    rationale=(
-                        f"coordinate search from the best candidate {req.best.id} "
-                        f"(speedup {req.best_speedup:.3f}x): one change at a time, untried configurations only"
-                    ),
-                    tunables=tunables,
-                    flags=flags,
-                )
-    for description, tunables, flags, width in _wider(req):
+    for description, tunables, flags, rationale in _proposals(req):
         if config_key(tunables, flags) not in tried:
-            return Plan(
-                round=req.round,
-                description=description,
-                rationale=(
-                    f"widening search from the best candidate {req.best.id} (speedup {req.best_speedup:.3f}x): "
-                    f"every single change from it has been tried; {width} changes at once, untried "
-                    "configurations only"
-                ),
-                tunables=tunables,
-                flags=flags,
-            )
+            return Plan(round=req.round, description=description, rationale=rationale, tunables=tunables,
+                        flags=flags)
     return Plan(round=req.round, description="search space exhausted", rationale="every configuration of the "
                 "declared space has been tried", tunables=dict(req.best.tunables), flags=list(req.best.flags),
                 exhausted=True)
