@@ -440,12 +440,13 @@ def test_a_wall_time_budget_is_not_overrun_by_a_round_begun_near_its_end(tempora
     print(f"budget {budget} s: {len(result.rounds)} rounds, {took:.1f} s with the workers' start and stop")
 
 
-def test_asynchronous_slots_cancel_the_candidates_running_when_the_wall_time_budget_runs_out(temporal_server,
-                                                                                             tmp_path):
+@pytest.mark.parametrize("lockstep", [False, True], ids=["slots", "lockstep"])
+def test_the_candidates_running_when_the_wall_time_budget_runs_out_are_cancelled(temporal_server, tmp_path,
+                                                                                  lockstep):
     """On an H100 a 140-s budget ended at 186 s: the first candidates began with no estimate of their time
     and ran on past it. In asynchronous slots a timer wakes the workflow at the budget; the candidates still
     running are cancelled (their activities see it at their next heartbeat), recorded as cancelled, and
-    the run ends there, the held-out step skipped."""
+    the run ends there, the held-out step skipped. Rounds in lockstep (LLM runs) likewise."""
     from kopt.models import Shape
     from kopt.run_models import Budgets
 
@@ -470,7 +471,8 @@ def test_asynchronous_slots_cancel_the_candidates_running_when_the_wall_time_bud
     budget = 6.0
     start = time.monotonic()
     result = asyncio.run(_run(temporal_server.address, tmp_path / "home", script, rounds=2, slots=2,
-                              holdout_shapes=[Shape(dims={"N": 77})], budgets=Budgets(max_wall_time_s=budget)))
+                              holdout_shapes=[Shape(dims={"N": 77})], budgets=Budgets(max_wall_time_s=budget),
+                              lockstep=lockstep))  # fmt: skip
     took = time.monotonic() - start
     assert result.stop_reason.startswith("wall-time budget reached"), result.stop_reason
     assert [(r.round, r.slot, r.status) for r in result.rounds] == [(1, 0, "cancelled"), (1, 1, "cancelled")]

@@ -299,9 +299,7 @@ class OptimizeKernel:
         stop: Stop | None = None
         since = state.rounds_since_improvement * n  # candidates judged since the last new best
         idle = False  # the planner had nothing new while candidates ran: wait for one of them first
-        wall = req.budgets.max_wall_time_s
-        deadline = (self._started_at + wall if wall is not None and self._started_at is not None
-                    and workflow.patched(BUDGET_CANCELS_PATCH) else None)  # fmt: skip
+        deadline = self._deadline(req)
         while True:
             while stop is None and not idle and len(running) < n and nxt < min(last, segment_end):
                 rnd, slot = nxt // n + 1, nxt % n
@@ -339,17 +337,17 @@ class OptimizeKernel:
                     continue
                 plan, coded = proposal
                 task = asyncio.ensure_future(self._candidate(req, (rnd, slot), state.best, plan, coded, None))
-                running[task] = (rnd, slot, workflow.now().timestamp(), RoundRecord(
-                    round=rnd, candidate_id=coded.candidate.id, description=plan.description, tunables=plan.tunables,
-                    flags=plan.flags, slot=slot, compiled=False, correct=False, failure=EVALUATING,
-                    status="evaluating"))
+                running[task] = (rnd, slot, workflow.now().timestamp(), _placeholder(rnd, slot, plan, coded))
             if not running:
                 break
             left = None if deadline is None else max(deadline - workflow.now().timestamp(), 0.001)
             done, _ = await workflow.wait(list(running), timeout=left, return_when=asyncio.FIRST_COMPLETED)
             if not done:  # the wall-time budget ran out with candidates running
                 stop = self._stop_reason(req, state) or Stop("budget", "wall-time budget reached")
-                await self._cancel_running(running, state, stop)
+                cancelled = await self._cancel_running(running, stop)
+                for record in cancelled:
+                    self._event(f"round {record.round}/{record.slot}: {record.description}: {record.failure}")
+                state.rounds = sorted([*state.rounds, *cancelled], key=lambda r: (r.round, r.slot))
                 break
             for task in sorted(done, key=lambda t: running[t][:2]):
                 rnd, slot, started, _ = running.pop(task)
@@ -372,19 +370,25 @@ class OptimizeKernel:
             self._continue_as_new(req, state, nxt // n + 1)
         return (stop.text, stop.kind) if stop is not None else (None, None)
 
-    async def _cancel_running(self, running: dict, state: RunState, stop: Stop) -> None:
+    def _deadline(self, req: OptimizeRequest) -> float | None:
+        """When the wall-time budget runs out, in workflow time (BUDGET_CANCELS_PATCH); None without one."""
+        wall = req.budgets.max_wall_time_s
+        if wall is None or self._started_at is None or not workflow.patched(BUDGET_CANCELS_PATCH):
+            return None
+        return self._started_at + wall
+
+    async def _cancel_running(self, running: dict, stop: Stop) -> list[RoundRecord]:
         """Cancel the candidates still running when the wall-time budget ran out (BUDGET_CANCELS_PATCH):
-        their activities are asked to stop (a harness child is killed at its next heartbeat) and each
-        is recorded as cancelled."""
+        their activities are asked to stop (a harness child is killed at its next heartbeat). Their
+        records, with the status cancelled."""
         for task in running:
             task.cancel()
         await workflow.wait(list(running))
         why = f"cancelled: {stop.text}"
-        for rnd, slot, _, placeholder in sorted(running.values(), key=lambda v: v[:2]):
-            self._event(f"round {rnd}/{slot}: {placeholder.description}: {why}")
-            state.rounds.append(placeholder.model_copy(update={"failure": why, "status": "cancelled"}))
-        state.rounds.sort(key=lambda r: (r.round, r.slot))
+        cancelled = [placeholder.model_copy(update={"failure": why, "status": "cancelled"})
+                     for *_, placeholder in sorted(running.values(), key=lambda v: v[:2])]
         running.clear()
+        return cancelled
 
     def _continue_as_new(self, req: OptimizeRequest, state: RunState, rnd: int) -> None:
         self._event(f"continuing as new before round {rnd} (segment {state.segment + 1})")
@@ -615,9 +619,7 @@ class OptimizeKernel:
             proposals.append(proposal)
             slots.append(slot)
             # Later slots see this one as tried, so each slot proposes something different.
-            pending.append(RoundRecord(round=rnd, candidate_id=coded.candidate.id, description=plan.description,
-                                       tunables=plan.tunables, flags=plan.flags, slot=slot, compiled=False,
-                                       correct=False, failure=EVALUATING, status="evaluating"))
+            pending.append(_placeholder(rnd, slot, plan, coded))
         if not proposals and failed:
             for record in failed:
                 self._event(f"round {rnd}/{record.slot}: {record.failure}")
@@ -625,10 +627,24 @@ class OptimizeKernel:
         if not proposals:
             self._event(f"round {rnd}: planner has nothing new to try; stopping")
             return None
-        outcomes = await asyncio.gather(*[
-            self._candidate(req, (rnd, slot), state.best, plan, coded, diagnosis)
-            for slot, (plan, coded) in zip(slots, proposals)])
-        return await self._decide(req, state, rnd, outcomes, slots, failed)
+        deadline = self._deadline(req)
+        if deadline is None:
+            outcomes = await asyncio.gather(*[
+                self._candidate(req, (rnd, slot), state.best, plan, coded, diagnosis)
+                for slot, (plan, coded) in zip(slots, proposals)])
+            return await self._decide(req, state, rnd, outcomes, slots, failed)
+        # A wall-time budget (BUDGET_CANCELS_PATCH): the candidates still running when it runs out are cancelled.
+        running = {asyncio.ensure_future(self._candidate(req, (rnd, slot), state.best, plan, coded, diagnosis)):
+                   (rnd, slot, 0.0, _placeholder(rnd, slot, plan, coded))
+                   for slot, (plan, coded) in zip(slots, proposals)}  # fmt: skip
+        tasks = list(running)
+        done, _ = await workflow.wait(tasks, timeout=max(deadline - workflow.now().timestamp(), 0.001))
+        finished = [(task, running.pop(task)[1]) for task in tasks if task in done]
+        outcomes = [task.result() for task, _ in finished]
+        if running:
+            stop = self._stop_reason(req, state) or Stop("budget", "wall-time budget reached")
+            failed = [*failed, *await self._cancel_running(running, stop)]
+        return await self._decide(req, state, rnd, outcomes, [slot for _, slot in finished], failed)
 
     async def _decide(self, req: OptimizeRequest, state: RunState, rnd: int,
                       outcomes: list[tuple[CandidateOutcome, Candidate]], slots: list[int], failed: list[RoundRecord],
@@ -914,6 +930,13 @@ class OptimizeKernel:
         outcome.compile, outcome.test, outcome.profile = judged.compiled, judged.tested, judged.profiled
         outcome.correct = judged.tested is not None and judged.tested.correct
         return outcome
+
+
+def _placeholder(rnd: int, slot: int, plan: Plan, coded: CodeResult) -> RoundRecord:
+    """The record of a candidate still being judged: the planner counts its configuration as tried."""
+    return RoundRecord(round=rnd, candidate_id=coded.candidate.id, description=plan.description,
+                       tunables=plan.tunables, flags=plan.flags, slot=slot, compiled=False, correct=False,
+                       failure=EVALUATING, status="evaluating")
 
 
 def _score(state: RunState, outcome: CandidateOutcome, floored: bool) -> list[str]:

@@ -59,7 +59,8 @@ BUDGET_RESERVE_PATCH = "budget-reserves-steps"
 # Older histories, and runs of one candidate a round or of an LLM provider, replay rounds in step.
 ASYNC_SLOTS_PATCH = "async-slots"
 
-# Runs in asynchronous slots with a wall-time budget started with BUDGET_CANCELS_PATCH cancel the
-# candidates still running when the budget runs out (a timer wakes the workflow then): the run ends at
-# its budget, not after the candidates begun before it (issue #28: 186 s for a 140-s budget on an H100).
+# Runs with a wall-time budget started with BUDGET_CANCELS_PATCH cancel the candidates still running
+# when the budget runs out (a timer wakes the workflow then), in asynchronous slots and in lockstep
+# rounds alike: the run ends at its budget, not after the candidates begun before it (issue #28: 186 s
+# for a 140-s budget on an H100).
 BUDGET_CANCELS_PATCH = "budget-cancels-running"
