@@ -87,10 +87,17 @@ def _apply(kind: str, rows: torch.Tensor, picked: torch.Tensor, gen: torch.Gener
             rows[r, : max(1, k)] = 0.0
     elif kind == "ones":  # rows of exactly 1.0
         rows[picked] = 1.0
-    elif kind == "nonfinite":  # one NaN, +inf or -inf per row, in turn (an upstream overflow, an empty state)
-        cols = torch.randint(0, w, (len(picked),), generator=gen)
-        values = torch.tensor([math.nan, math.inf, -math.inf], dtype=rows.dtype)
-        rows[picked, cols] = values[torch.arange(len(picked)) % len(values)]
+    elif kind == "nonfinite":  # NaN, +inf and -inf (an upstream overflow, an empty state) in each half of a row
+        # Each half of every picked row gets the three values at seed-chosen columns: a row that is a gate and
+        # its values ([T, 2D] of silu_and_mul) gets -inf in the gate, where one per row at a random column
+        # left it out of most tests (red team, 2026-11-26: a kernel writing garbage at a -inf gate passed).
+        values = (math.nan, math.inf, -math.inf)
+        half = max(w // 2, 1)
+        for i, r in enumerate(picked.tolist()):
+            for lo, hi in ((0, half), (half, w)):
+                cols = lo + torch.randperm(max(hi - lo, 0), generator=gen)[: len(values)]
+                for k, c in enumerate(cols.tolist()):
+                    rows[r, c] = values[(i + k) % len(values)]
     elif kind in ("huge", "tiny"):
         info = torch.finfo(dtype)
         sign = torch.where(torch.rand((len(picked), w), generator=gen) < 0.5, -1.0, 1.0).double()
