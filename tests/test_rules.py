@@ -181,10 +181,12 @@ def test_a_step_starts_only_where_the_budget_has_room_for_it():
 @pytest.mark.parametrize("speedup, best, refused", [
     (1.05, 1.10, True),  # below the best against the baseline: no head-to-head
     (1.10, 1.10, True),  # level with it
-    (1.11, 1.10, False),  # above it, if by less than min-gain: the head-to-head decides
+    (1.105, 1.10, True),  # above it by less than half the minimum gain (1 % of 2 %)
+    (1.115, 1.10, False),  # above it by more, if by less than min-gain: the head-to-head decides
 ])  # fmt: skip
 def test_an_asynchronous_slots_candidate_gets_a_head_to_head_only_above_the_best(speedup, best, refused):
-    why = rules.why_no_head_to_head(speedup, best)
+    why = rules.why_no_head_to_head(speedup, best, 0.02)
     assert (why is not None) == refused
     if refused:
         assert why.startswith("not the new best") and f"{speedup:.3f}x" in why and "no head-to-head" in why
+        assert "half the minimum gain (1%" in why

@@ -668,8 +668,9 @@ class OptimizeKernel:
         versus: ProfileResult | None = None  # the round's best against the best, head to head
         if best_slot is not None:
             outcome, cand = outcomes[best_slot]
-            screened = (rules.why_no_head_to_head(outcome.speedup_geomean, state.best_summary.speedup_geomean)
-                        if screen and state.best.id != req.baseline.id else None)
+            screened = (rules.why_no_head_to_head(outcome.speedup_geomean, state.best_summary.speedup_geomean,
+                                                  req.min_gain) if screen and state.best.id != req.baseline.id
+                        else None)  # fmt: skip
             if screened is None and self._head_to_head and state.best.id != req.baseline.id:
                 versus = await self._versus_best(req, state, rnd, outcome, cand)
             if screened is not None:
