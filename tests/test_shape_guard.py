@@ -38,6 +38,9 @@ def _mode1(result: OptimizeResult):
 
 
 @pytest.mark.slow
+# Its verdicts are A/B intervals: beside the parallel phase's busy workers the allowed run's interval was
+# [0.958, 4.41] twice (not significant, so not accepted); the serial phase runs it on a quiet machine.
+@pytest.mark.serial
 def test_a_geomean_win_slower_at_one_shape_is_not_the_best_unless_allowed(temporal_server, kopt_home):
     settings = Settings()
     req, guarded = asyncio.run(_run(temporal_server, settings, allow=False))
@@ -52,7 +55,7 @@ def test_a_geomean_win_slower_at_one_shape_is_not_the_best_unless_allowed(tempor
 
     req, allowed = asyncio.run(_run(temporal_server, settings, allow=True))
     rec = _mode1(allowed)
-    # Once seen not accepted beside the parallel phase's busy workers: the rule that kept the best says why.
+    # Where it is not accepted, the rule that kept the best says why.
     assert rec.accepted and allowed.best.candidate_id == rec.candidate_id, (rec.refusal, rec.speedup_ci)
     report = build_report("r", "t", req, allowed, None)
     assert report.best_regressions == ["N=8192 float32"]
