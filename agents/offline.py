@@ -32,41 +32,49 @@ def _nearest_first(values: list[int], current: int | None) -> list[int]:
     return others
 
 
-def _moves(req: PlanRequest) -> list[list[tuple[str, dict[str, int], list[str]]]]:
-    """Candidate moves from the best configuration, grouped by dimension."""
-    best_t, best_f = dict(req.best.tunables), list(req.best.flags)
-    dims: list[list[tuple[str, dict[str, int], list[str]]]] = []
-    for tunable in req.package.spec.tunables_for(req.target):
-        current = best_t.get(tunable.name)
-        # Nearest values first: small steps are the likeliest to keep what already works.
-        dims.append([(f"{tunable.name} {current} -> {v}", {**best_t, tunable.name: v}, best_f)
-                     for v in _nearest_first(list(tunable.values), current)])
-    flag_moves = []
-    for flag, why in PLAYBOOK.get(req.target, []):
-        if flag in best_f:
-            flag_moves.append((f"drop {flag}", best_t, [f for f in best_f if f != flag]))
-        else:
-            flag_moves.append((f"add {flag} ({why})", best_t, [*best_f, flag]))
-    dims.append(flag_moves)
-    return [d for d in dims if d]
-
-
-Change = tuple[str, str, object]  # (dimension kind "tunable" | "flag", name, new value), with its words
+Change = tuple[str, str, object]  # (dimension kind "tunable" | "flag", name, new value)
 
 
 def _dimension_changes(req: PlanRequest) -> list[list[tuple[Change, str]]]:
     """Each dimension of the declared space (one per tunable, one per playbook option) as its possible
-    changes from the best, nearest first, each with its words."""
+    changes from the best, nearest values first, each with its words."""
     best_t, best_f = dict(req.best.tunables), list(req.best.flags)
     dims: list[list[tuple[Change, str]]] = []
     for tunable in req.package.spec.tunables_for(req.target):
         current = best_t.get(tunable.name)
+        # Nearest values first: small steps are the likeliest to keep what already works.
         dims.append([(("tunable", tunable.name, v), f"{tunable.name} {current} -> {v}")
                      for v in _nearest_first(list(tunable.values), current)])
-    for flag, _ in PLAYBOOK.get(req.target, []):
+    for flag, why in PLAYBOOK.get(req.target, []):
         present = flag in best_f
-        dims.append([(("flag", flag, not present), f"{'drop' if present else 'add'} {flag}")])
+        dims.append([(("flag", flag, not present), f"drop {flag}" if present else f"add {flag} ({why})")])
     return [d for d in dims if d]
+
+
+def _configure(req: PlanRequest, changes: list[Change]) -> tuple[dict[str, int], list[str]]:
+    """The best configuration with `changes` applied: (tunables, flags)."""
+    tunables, flags = dict(req.best.tunables), list(req.best.flags)
+    for kind, name, value in changes:
+        if kind == "tunable":
+            tunables[name] = value  # type: ignore[assignment]
+        elif value:
+            flags.append(name)
+        else:
+            flags = [f for f in flags if f != name]
+    return tunables, flags
+
+
+def _moves(req: PlanRequest) -> list[list[tuple[str, dict[str, int], list[str]]]]:
+    """Single changes from the best configuration, grouped by dimension: one per tunable, and the
+    playbook options together."""
+    tunable_dims, flag_moves = [], []
+    for dim in _dimension_changes(req):
+        moves = [(words, *_configure(req, [change])) for change, words in dim]
+        if dim[0][0][0] == "tunable":
+            tunable_dims.append(moves)
+        else:
+            flag_moves += moves
+    return [d for d in (*tunable_dims, flag_moves) if d]
 
 
 def _wider(req: PlanRequest) -> Iterator[tuple[str, dict[str, int], list[str], int]]:
@@ -77,14 +85,7 @@ def _wider(req: PlanRequest) -> Iterator[tuple[str, dict[str, int], list[str], i
     for width in range(2, len(dims) + 1):
         for chosen in itertools.combinations(dims, width):
             for combo in itertools.product(*chosen):
-                tunables, flags = dict(req.best.tunables), list(req.best.flags)
-                for (kind, name, value), _ in combo:
-                    if kind == "tunable":
-                        tunables[name] = value  # type: ignore[assignment]
-                    elif value:
-                        flags.append(name)
-                    else:
-                        flags.remove(name)
+                tunables, flags = _configure(req, [change for change, _ in combo])
                 yield ", ".join(words for _, words in combo), tunables, flags, width
 
 

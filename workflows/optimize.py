@@ -329,10 +329,7 @@ class OptimizeKernel:
                     break
                 nxt += 1
                 if isinstance(proposal, str):
-                    state.rounds.append(RoundRecord(
-                        round=rnd, candidate_id=f"round{rnd}-slot{slot}-no-candidate", description="(no candidate)",
-                        tunables={}, flags=[], slot=slot, compiled=False, correct=False, failure=proposal,
-                        status="no candidate"))
+                    state.rounds.append(_no_candidate(rnd, slot, proposal))
                     self._event(f"round {rnd}/{slot}: {proposal}")
                     continue
                 plan, coded = proposal
@@ -347,7 +344,7 @@ class OptimizeKernel:
                 cancelled = await self._cancel_running(running, stop)
                 for record in cancelled:
                     self._event(f"round {record.round}/{record.slot}: {record.description}: {record.failure}")
-                state.rounds = sorted([*state.rounds, *cancelled], key=lambda r: (r.round, r.slot))
+                state.rounds = _by_slot([*state.rounds, *cancelled])
                 break
             for task in sorted(done, key=lambda t: running[t][:2]):
                 rnd, slot, started, _ = running.pop(task)
@@ -359,7 +356,7 @@ class OptimizeKernel:
                     self._event(f"stopping in round {rnd}/{slot}: {stopped}")
                     continue
                 records = await self._decide(req, state, rnd, [(outcome, cand)], [slot], [], screen=True)
-                state.rounds = sorted([*state.rounds, *records], key=lambda r: (r.round, r.slot))
+                state.rounds = _by_slot([*state.rounds, *records])
                 state.last_round_s = workflow.now().timestamp() - started
                 state.last_round_device_s = _judging_seconds(outcome)
                 since = 0 if any(r.accepted for r in records) else since + 1
@@ -609,9 +606,7 @@ class OptimizeKernel:
         for slot in range(req.candidates_per_round):
             proposal = await self._propose(req, state, (rnd, slot), pending, diagnosis)
             if isinstance(proposal, str):
-                failed.append(RoundRecord(round=rnd, candidate_id=f"round{rnd}-slot{slot}-no-candidate",
-                                          description="(no candidate)", tunables={}, flags=[], slot=slot,
-                                          compiled=False, correct=False, failure=proposal, status="no candidate"))
+                failed.append(_no_candidate(rnd, slot, proposal))
                 continue
             if proposal is None:
                 break
@@ -931,6 +926,18 @@ class OptimizeKernel:
         outcome.compile, outcome.test, outcome.profile = judged.compiled, judged.tested, judged.profiled
         outcome.correct = judged.tested is not None and judged.tested.correct
         return outcome
+
+
+def _no_candidate(rnd: int, slot: int, reason: str) -> RoundRecord:
+    """The record of a slot whose agent gave no usable reply."""
+    return RoundRecord(round=rnd, candidate_id=f"round{rnd}-slot{slot}-no-candidate", description="(no candidate)",
+                       tunables={}, flags=[], slot=slot, compiled=False, correct=False, failure=reason,
+                       status="no candidate")
+
+
+def _by_slot(records: list[RoundRecord]) -> list[RoundRecord]:
+    """Records in (round, slot) order, as asynchronous slots keep them whatever order they finished in."""
+    return sorted(records, key=lambda r: (r.round, r.slot))
 
 
 def _placeholder(rnd: int, slot: int, plan: Plan, coded: CodeResult) -> RoundRecord:
