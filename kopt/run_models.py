@@ -32,6 +32,10 @@ class Budgets(BaseModel):
     max_tokens: int | None = None
     max_gpu_seconds: float | None = None
     max_wall_time_s: float | None = None
+    # When the wall-time budget started (epoch seconds): the command's start, so that starting the dev
+    # server and workers counts too and `--max-wall-time S` bounds the whole command. Never later than
+    # the workflow's start; None: from the workflow's start (runs started by older front ends).
+    wall_time_from: float | None = None
 
 
 class Usage(BaseModel):

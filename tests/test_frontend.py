@@ -298,3 +298,22 @@ def test_a_mismatch_prints_digits_enough_to_tell_the_values_apart_and_glosses_th
     assert distinct(-13.36641, -13.366412) == ("-13.36641", "-13.366412")
     assert distinct(1.5, 2.0) == ("1.5", "2")
     assert VARIANT_GLOSS["x100"] == " (every float input scaled by 100)" and "x0.01" in VARIANT_GLOSS
+
+
+def test_the_wall_time_budget_counts_from_the_command_start_and_keeps_the_run_id(tmp_path):
+    """`--max-wall-time` counts from the command's start (the dev server's and workers' start-up count):
+    the process's own start time, read from /proc, not the workflow's. The same request started again
+    attaches to its run: that moment is left out of the run's id."""
+    from frontend.runs import prepare_request, workflow_id
+
+    probe = ("import time; time.sleep(1.0); from frontend.runs import command_started_at; "
+             "print(time.time() - command_started_at())")
+    age = float(subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
+                               check=True, timeout=60).stdout)
+    assert 1.0 <= age < 10, age  # the sleep and the imports before it: counted
+    req = prepare_request(KNOBS, "cpu", None, 2, "offline", 0, Settings(home=tmp_path / "home"))
+    req = req.model_copy(update={"budgets": req.budgets.model_copy(update={"max_wall_time_s": 60.0})})
+    later = req.model_copy(update={"budgets": req.budgets.model_copy(update={"wall_time_from": time.time()})})
+    assert workflow_id(later) == workflow_id(req)
+    longer = req.model_copy(update={"budgets": req.budgets.model_copy(update={"max_wall_time_s": 61.0})})
+    assert workflow_id(longer) != workflow_id(req)

@@ -200,7 +200,7 @@ class OptimizeKernel:
         else:
             self._progress.events, self._progress.event_total = state.events, state.event_total
             if state.started_at is None:  # kopt resume: the wall-time budget counts from here
-                state.started_at = workflow.now().timestamp()
+                state.started_at = _budget_start(req)
             if state.resumed:  # kopt resume: the unfinished round's questions were paid for already
                 self._cache_round, state.resumed = state.next_round, False
         self._req, self._state = req.model_copy(update={"state": None}), state
@@ -381,6 +381,9 @@ class OptimizeKernel:
         for task in running:
             task.cancel()
         await workflow.wait(list(running))
+        for task in running:  # their ActivityError is the cancellation asked for: read, so never reported
+            if not task.cancelled():
+                task.exception()
         why = f"cancelled: {stop.text}"
         cancelled = [placeholder.model_copy(update={"failure": why, "status": "cancelled"})
                      for *_, placeholder in sorted(running.values(), key=lambda v: v[:2])]
@@ -554,7 +557,7 @@ class OptimizeKernel:
     async def _start(self, req: OptimizeRequest) -> RunState | OptimizeResult:
         """Round 0: the test designer (LLM providers), then the baseline's compile, test and profile."""
         spec = req.package.spec
-        started_at = workflow.now().timestamp()
+        started_at = _budget_start(req)
         self._started_at = started_at
         extra: list[Shape] = []
         if req.provider != "offline":
@@ -933,6 +936,14 @@ def _no_candidate(rnd: int, slot: int, reason: str) -> RoundRecord:
     return RoundRecord(round=rnd, candidate_id=f"round{rnd}-slot{slot}-no-candidate", description="(no candidate)",
                        tunables={}, flags=[], slot=slot, compiled=False, correct=False, failure=reason,
                        status="no candidate")
+
+
+def _budget_start(req: OptimizeRequest) -> float:
+    """Workflow time the wall-time budget counts from: the command's start where the front end gave it
+    (its server and workers' start-up count), never later than now."""
+    now = workflow.now().timestamp()
+    given = req.budgets.wall_time_from
+    return now if given is None else min(now, given)
 
 
 def _by_slot(records: list[RoundRecord]) -> list[RoundRecord]:
