@@ -16,6 +16,16 @@ Four profiles (docs/decisions/0011-trust-boundary.md, 0014, 0015):
 - `cuda-host`: a kernel host on the CUDA target. The CUDA driver starts threads of its own, so
   threads are allowed as in the harness profile; the timers and affinity calls of `host` are
   refused. The judge counts the host's threads and their CPU time instead.
+- `served`: stacked on `host` in a CPU kernel host once its library is loaded and its entry found
+  (seccomp filters add up: the stricter answer wins). Default allow, and death (SIGSYS) for every
+  call that looks outside the process or asks who or where it is: files by name (open, stat,
+  readlink, directories), identity (uids, parent, session, uname, limits, affinity, CPU), new
+  descriptors (sockets, pipes, memfd, eventfd, dup, fcntl) and prctl; not getpid and gettid, which
+  glibc's raise() needs (a crash would read as a forbidden call). A kernel call needs
+  none of them, and the host's loop (a socket it already holds, memory, locks, clocks) none; a
+  kernel that asks (a red team's read the jail's uid through libc's own syscall(), computed one row
+  outside the jail and passed every check) is refused instead of told: an error would say "judge"
+  as plainly as the answer. Not on the CUDA host: its driver opens files and starts threads lazily.
 - `tool`: compilers and compute-sanitizer, which fork and exec. A deny-list (EPERM) of the same
   dangerous calls; the namespaces around the tool are what contain it.
 
@@ -30,7 +40,7 @@ import os
 import platform
 from typing import Literal
 
-Profile = Literal["harness", "host", "cuda-host", "tool"]
+Profile = Literal["harness", "host", "cuda-host", "served", "tool"]
 
 # BPF opcodes and seccomp return values
 _LD_W_ABS, _JEQ, _JSET, _JGE, _JA, _RET = 0x20, 0x15, 0x45, 0x35, 0x05, 0x06
@@ -140,10 +150,28 @@ HOT = ("futex", "sched_yield", "read", "write", "mmap", "munmap", "madvise", "mp
        "getpid", "gettid", "poll", "ppoll", "nanosleep", "clock_nanosleep", "rt_sigprocmask", "brk", "close")  # fmt: skip
 HOST_DENIED = ("setitimer", "alarm", "timer_create", "timer_settime", "sched_setaffinity")
 SIGNALS = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")  # arg 0: the target process
+# Killed in a loaded CPU kernel host (`served`): what would tell a kernel where it runs, or reach past it.
+SERVED_KILLED = (
+    "open", "openat", "openat2", "creat", "stat", "lstat", "newfstatat", "statx", "access", "faccessat",
+    "faccessat2", "readlink", "readlinkat", "getdents", "getdents64", "chdir", "fchdir", "getcwd", "mkdir",
+    "mkdirat", "rmdir", "unlink", "unlinkat", "rename", "renameat", "renameat2", "link", "linkat", "symlink",
+    "symlinkat", "chmod", "fchmod", "fchmodat", "truncate", "statfs", "fstatfs", "utimes", "utimensat",
+    "inotify_init", "inotify_init1", "inotify_add_watch", "getxattr", "lgetxattr", "fgetxattr", "listxattr",
+    "llistxattr", "flistxattr", "getuid", "geteuid", "getgid", "getegid", "getresuid", "getresgid", "getgroups",
+    "getppid", "getpgrp", "getpgid", "getsid", "uname", "sysinfo", "capget", "getpriority",
+    "getrlimit", "prlimit64", "getrusage", "times", "sched_getaffinity", "sched_getparam", "sched_getscheduler",
+    "sched_getattr", "getcpu", "get_mempolicy", "mincore", "personality", "prctl", "arch_prctl", "socket",
+    "socketpair", "connect", "bind", "listen", "accept", "accept4", "getsockname", "getpeername", "getsockopt",
+    "setsockopt", "shmget", "shmat", "shmctl", "shmdt", "semget", "semop", "semctl", "semtimedop", "memfd_create",
+    "pipe", "pipe2", "eventfd", "eventfd2", "signalfd", "signalfd4", "timerfd_create", "epoll_create",
+    "epoll_create1", "dup", "dup2", "dup3", "fcntl", "flock", "wait4", "waitid", "sendfile", "splice", "tee",
+    "copy_file_range",
+)  # fmt: skip
 
 KILLED_REASON = (
     "a forbidden system call (fork, exec, threads in a kernel, ptrace, io_uring, mount, namespaces, bpf, keys, "
-    "cross-process memory)"
+    "cross-process memory; on CPU, from a loaded kernel: files by name, who or where the process is, new "
+    "descriptors)"
 )
 
 
@@ -168,6 +196,10 @@ def _program(profile: Profile, arch: str, pid: int) -> list[tuple[int, int, int,
     """The filter as (code, jt, jf, k). Jumps name a terminal ("allow", "kill", "eperm", "enosys") or
     a local label; a terminal name resolves to the next block of terminals after the jump."""
     audit, _, nr = _ARCHES[arch]
+    if profile == "served":  # stacked on `host`, which already refuses everything not on its list
+        served = [(_LD_W_ABS, 0, 0, 4), (_JEQ, 0, "kill", audit), (_LD_W_ABS, 0, 0, 0)]
+        served += [(_JEQ, "kill", 0, nr[name]) for name in SERVED_KILLED if name in nr]
+        return _assemble([*served, (_RET, 0, 0, _ALLOW)])
     contained = profile in ("harness", "host", "cuda-host")
     allow_list = contained and arch == "x86_64"
     default = "eperm" if allow_list else "allow"

@@ -328,6 +328,7 @@ def main(argv: list[str]) -> None:
         os.close(arena_fd)  # the mapping stays; the descriptor (resize, more mappings) goes
         segments = {0: (pages.base, arena_bytes)}
         calls = CpuCalls()
+    from containment import seccomp
     from gpu_worker import sandbox
 
     # Non-dumpable: the other host (the baseline beside a candidate) runs as the same uid; without
@@ -354,6 +355,10 @@ def main(argv: list[str]) -> None:
         return
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.POINTER(KoptTensor), ctypes.c_int32, ctypes.c_void_p]
+    if device is None:  # loaded: from here on a call that would tell the kernel where it runs ends the host
+        why = seccomp.install("served")
+        if why:
+            print(f"kopt-host: {role}: {why}", file=sys.stderr, flush=True)
     sock.send(Hello.READY)
     serve(sock, fn, segments, calls, device, pages)
 

@@ -48,12 +48,12 @@ static void copy_out(const char *path) {  // a file's first bytes to stderr, whe
 }
 
 static void leak() {
-  copy_out("/pro" "c/self/environ");  // split, past the static check
-  copy_out("/pro" "c/1/environ");
-  copy_out("SECRET_PATH");
   static const char key[] = "api_key=sk-", rest[] = "PLANTED\n";  // whole only in the output
   sys3(1, 2, (long)key, sizeof key - 1);
   sys3(1, 2, (long)rest, sizeof rest - 1);
+  copy_out("/pro" "c/self/environ");  // split, past the static check (on CPU the first open ends it)
+  copy_out("/pro" "c/1/environ");
+  copy_out("SECRET_PATH");
   __builtin_trap();
 }
 
@@ -107,7 +107,8 @@ def test_canary_reaches_no_store_and_no_prompt(temporal_server, tmp_path_factory
     # string redacted, and nothing it tried to read was there to print.
     first = run.result.rounds[0]
     assert first.compiled and not first.correct, first
-    assert "crashed" in first.failure and "[REDACTED]" in first.failure, first.failure
+    # On CPU the loaded kernel host's filter ends it at its first open (containment/seccomp.py, `served`).
+    assert "killed by the sandbox" in first.failure and "[REDACTED]" in first.failure, first.failure
     tests = [c for c in run.view_calls() if c.activity == "test"]
     assert any("[REDACTED]" in (c.result.reason or "") for c in tests)
 

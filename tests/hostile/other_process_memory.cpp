@@ -2,6 +2,8 @@
 // holds the key and the references: PID 2; and the baseline's kernel host, whose code it would
 // patch: PID 3, started before the candidate's)
 // expect: HOSTILE /proc/3/mem -> -1
+// expect-cpu: killed by the sandbox
+// (on CPU the loaded kernel host's filter, `served`, ends it at its first such call)
 // targets: cpu
 #include <dirent.h>
 

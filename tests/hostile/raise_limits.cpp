@@ -1,5 +1,7 @@
 // hostile: lifts its resource limits (address space, processes, file size) to do more than allowed
 // expect: Operation not permitted
+// expect-cpu: killed by the sandbox
+// (on CPU the loaded kernel host's filter, `served`, ends it at its first such call)
 #include <sys/resource.h>
 
 #include "hostile.h"

@@ -1,5 +1,7 @@
 // hostile: signals the processes above it (its parent, the zygote, the worker) in every way Linux offers
 // expect: Operation not permitted
+// expect-cpu: killed by the sandbox
+// (on CPU the loaded kernel host's filter, `served`, ends it at its first such call)
 #include <csignal>
 #include <sys/syscall.h>
 

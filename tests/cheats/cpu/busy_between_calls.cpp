@@ -3,7 +3,7 @@
 // it could watch the next inputs being written and work on them before the timed call starts). The
 // host may not leave the judge's core (seccomp), and it spins during the baseline's calls too
 // (taking the core from them: a slower baseline is a faster candidate): the idle check sees both.
-// expect: it works during the baseline's calls | it works between its calls
+// expect: it works during the baseline's calls | it works between its calls | killed by the sandbox
 // layer: profile
 #include <cmath>
 #include <cstdint>

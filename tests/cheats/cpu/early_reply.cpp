@@ -1,7 +1,7 @@
 // cheat: answers the judge before it works: in each call it sends the kernel host's reply itself
 // first, then computes (the host's own reply follows later and answers the next call early too), so
 // the judge's clock would see only the round trip; the work runs while the judge thinks it is idle
-// expect: a forged clock | it works between its calls | re-check failed | never written
+// expect: a forged clock | it works between its calls | re-check failed | never written | killed by the sandbox
 // layer: profile
 #include <cmath>
 #include <cstdint>

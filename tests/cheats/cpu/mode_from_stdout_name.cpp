@@ -3,7 +3,7 @@
 // syscall instruction, no import: the static checks pass it), and skips its work outside the test (red team,
 // 2026-11-26; the timed recheck caught it then). The job's folder and log are named alike for every mode since
 // (gpu_worker/spawn.WORKDIR_PREFIX): it skips its work in the test too.
-// expect: never written | mismatch
+// expect: never written | mismatch | killed by the sandbox
 // layer: runtime
 #include <cmath>
 #include <cstdint>
