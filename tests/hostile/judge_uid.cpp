@@ -5,23 +5,10 @@
 // expect: killed by the sandbox
 // static: none
 // targets: cpu
-#include <cstdint>
-
-#include "kopt_abi.h"
-
-#ifndef ENTRY
-#define ENTRY kopt_scale2
-#endif
-#ifndef LIBC_SYSCALL_OFFSET
-#define LIBC_SYSCALL_OFFSET 0  // the test passes syscall's address minus __errno_location's, in libc
-#endif
-
-extern "C" int *__errno_location(void) noexcept;
-typedef long (*syscall_fn)(long number, ...);
+#include "hostile_libc.h"
 
 KOPT_EXPORT int ENTRY(const kopt_tensor *, int32_t, void *) {
-  const syscall_fn call = (syscall_fn)((const char *)&__errno_location + (LIBC_SYSCALL_OFFSET));
-  long uid = call(102 /* getuid */);
+  long uid = sys3(102 /* getuid */, 0, 0, 0);
   char msg[32] = "HOSTILE uid ";
   int n = 12;
   char digits[20];
@@ -32,7 +19,7 @@ KOPT_EXPORT int ENTRY(const kopt_tensor *, int32_t, void *) {
   } while (uid > 0);
   while (k) msg[n++] = digits[--k];
   msg[n++] = '\n';
-  call(1 /* write */, 2, (long)msg, (long)n);
+  sys3(1 /* write */, 2, (long)msg, n);
   __builtin_trap();
   return 0;
 }
