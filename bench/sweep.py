@@ -92,10 +92,11 @@ def screen(kernel_dir: Path, spec, baseline: Path, libs: list, shapes: list[Shap
     from gpu_worker.cases import dtype_of, generate, shapes_of
     from gpu_worker.context import load_reference
     from gpu_worker.plan import CaseSpec
+    from gpu_worker.timing import ColdL2
 
     ref = load_reference(kernel_dir)
     stream = torch.cuda.current_stream().cuda_stream
-    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8, device="cuda")
+    cold = ColdL2(torch.device("cuda"))  # the judge's L2 flush
     packs = []
     for shape in shapes:
         for dt in dtypes:
@@ -108,7 +109,7 @@ def screen(kernel_dir: Path, spec, baseline: Path, libs: list, shapes: list[Shap
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def timed(kernel: Kernel, packed: Packed) -> float:
-        flush.zero_()
+        cold.flush()
         start.record()
         rc = kernel(packed, stream)
         end.record()
@@ -201,16 +202,15 @@ def main() -> int:
     rows = []
     device = None
     for i, (tunables, lib) in enumerate(zip(todo, built[1:])):
-        if args.screen is not None and i not in keep:
-            row = {"tunables": tunables, "flags": flags, "ok": False, "judged": False,
-                   "reason": ("compile failed" if not isinstance(lib, Path) else "not judged: below the screen's top"
-                              if i in screened else "not judged: failed in the screen")}
-            if i in screened:
-                row["screen"] = round(screened[i], 4)
-            rows.append(row)
-            continue
         label = " ".join(f"{k}={v}" for k, v in tunables.items())
         row = {"tunables": tunables, "flags": flags}
+        if i in screened:
+            row["screen"] = round(screened[i], 4)
+        if args.screen is not None and i not in keep and isinstance(lib, Path):
+            row.update(ok=False, judged=False, reason="not judged: below the screen's top" if i in screened
+                       else "not judged: failed in the screen")
+            rows.append(row)
+            continue
         if not isinstance(lib, Path):
             row.update(ok=False, reason=f"compile failed: {lib.splitlines()[-1] if lib else ''}")
         else:
@@ -229,8 +229,6 @@ def main() -> int:
                                per_shape=[{"shape": a.shape, "dtype": a.dtype, "baseline_us": a.baseline_us,
                                            "candidate_us": a.candidate_us, "speedup": a.speedup,
                                            "ci": [a.ci_low, a.ci_high]} for a in prof.ab.per_shape])  # fmt: skip
-        if i in screened:
-            row["screen"] = round(screened[i], 4)
         rows.append(row)
         if row["ok"]:
             shapes_txt = "  ".join(f"{p['shape']} {p['dtype'][:4]} {p['speedup']:.3f}" for p in row["per_shape"])
