@@ -10,8 +10,9 @@ baseline in interleaved A/B (gpu_worker.runner: the same judge, kernel hosts, cl
   python3 bench/sweep.py kernels/silu_and_mul --target cuda --shapes 'T=1,D=11008;T=777,D=3420'
   python3 bench/sweep.py kernels/fused_add_rmsnorm --target cuda --product --screen 8   # 540 variants
 
---screen K (CUDA): time every variant first in this process, cheaply (CUDA events around one call, L2
-flushed before each, baseline and variant interleaved, median ratio per shape and dtype), then judge
+--screen K (CUDA): time every variant first in this process, cheaply (CUDA events around one call, inout
+arguments restored and the L2 flushed before each, baseline and variant interleaved in alternating order,
+median ratio per shape and dtype; the baseline against itself too, "screen_aa" in the JSON), then judge
 only the K best by that screen (and the source's defaults) in full. Exhaustive spaces of hundreds of
 variants take minutes that way instead of hours; the JSON keeps every variant's screen figure.
 
@@ -79,11 +80,14 @@ def variants(spec, target, defaults: dict[str, int], chosen: dict[str, list[int]
 
 
 def screen(kernel_dir: Path, spec, baseline: Path, libs: list, shapes: list[Shape], dtypes: list[str],
-           reps: int = 15) -> dict[int, float]:
+           reps: int = 15) -> tuple[dict[int, float], float]:
     """Each built variant's speedup over the baseline by a cheap in-process timing: the geomean over
-    shapes and dtypes of the median of `reps` baseline/variant ratios, each call timed by CUDA events
-    with the L2 flushed before it. Our own package's variants only (trusted code in this process):
-    a ranking to choose which variants the full judge sees, not a verdict."""
+    shapes and dtypes of the median of `reps` baseline/variant ratios. Each call is taken as the judge
+    takes one: inout arguments restored from their pristine copies, the L2 flushed, the stream drained,
+    then CUDA events around the call; which of the two goes first alternates. Also returns the
+    baseline timed against itself the same way (an A/A figure: 1.0 when the screen has no bias). Our own
+    package's variants only (trusted code in this process): a ranking to choose which variants the full
+    judge sees, not a verdict."""
     import statistics
 
     import torch
@@ -95,9 +99,10 @@ def screen(kernel_dir: Path, spec, baseline: Path, libs: list, shapes: list[Shap
     from gpu_worker.timing import ColdL2
 
     ref = load_reference(kernel_dir)
-    stream = torch.cuda.current_stream().cuda_stream
+    torch_stream = torch.cuda.current_stream()
+    stream = torch_stream.cuda_stream
     cold = ColdL2(torch.device("cuda"))  # the judge's L2 flush
-    packs = []
+    packs = []  # (packed, [(buffer, its pristine copy)] for the inout arguments)
     for shape in shapes:
         for dt in dtypes:
             cs = CaseSpec(dims=tuple(shape.dims.items()), dtype=dt)
@@ -105,11 +110,15 @@ def screen(kernel_dir: Path, spec, baseline: Path, libs: list, shapes: list[Shap
             dims = shapes_of(spec.arguments, cs.dim_map)
             tensors = [made[a.name] if a.name in made else
                        torch.empty(dims[a.name], dtype=dtype_of(a, dt), device="cuda") for a in spec.arguments]
-            packs.append(Packed(tensors))
+            restore = [(t, t.clone()) for a, t in zip(spec.arguments, tensors) if a.role == "inout"]
+            packs.append((Packed(tensors), restore))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
-    def timed(kernel: Kernel, packed: Packed) -> float:
+    def timed(kernel: Kernel, packed: Packed, restore: list) -> float:
+        for buf, pristine in restore:
+            buf.copy_(pristine)
         cold.flush()
+        torch_stream.synchronize()
         start.record()
         rc = kernel(packed, stream)
         end.record()
@@ -118,23 +127,32 @@ def screen(kernel_dir: Path, spec, baseline: Path, libs: list, shapes: list[Shap
             raise RuntimeError(f"entry returned {rc}")
         return start.elapsed_time(end)
 
+    def speedup(base: Kernel, kernel: Kernel) -> float:
+        logs = []
+        for packed, restore in packs:
+            for _ in range(3):
+                timed(base, packed, restore), timed(kernel, packed, restore)
+            ratios = []
+            for rep in range(reps):
+                if rep % 2:
+                    k, b = timed(kernel, packed, restore), timed(base, packed, restore)
+                else:
+                    b, k = timed(base, packed, restore), timed(kernel, packed, restore)
+                ratios.append(b / k)
+            logs.append(math.log(statistics.median(ratios)))
+        return math.exp(sum(logs) / len(logs))
+
     base = Kernel(str(baseline), spec.entry, stream, role="baseline")
+    aa = speedup(base, Kernel(str(baseline), spec.entry, stream))
     out = {}
     for i, lib in enumerate(libs):
         if not isinstance(lib, Path):
             continue
         try:
-            kernel = Kernel(str(lib), spec.entry, stream)
-            logs = []
-            for packed in packs:
-                for _ in range(3):
-                    timed(base, packed), timed(kernel, packed)
-                ratios = [timed(base, packed) / timed(kernel, packed) for _ in range(reps)]
-                logs.append(math.log(statistics.median(ratios)))
-            out[i] = math.exp(sum(logs) / len(logs))
+            out[i] = speedup(base, Kernel(str(lib), spec.entry, stream))
         except Exception as exc:  # noqa: BLE001 - reported; the variant is left out of the ranking
             print(f"screen: variant {i + 1} failed: {exc}", flush=True)
-    return out
+    return out, aa
 
 
 def main() -> int:
@@ -189,15 +207,15 @@ def main() -> int:
                            candidate_id=cid, library=NO_ARTIFACT, shapes=shapes, dtypes=dtypes, seed=1,
                            source=source_text, time_cap_s=args.time_cap, baseline_id="baseline")  # fmt: skip
 
-    screened = {}
+    screened, screen_aa = {}, None
     if args.screen is not None:
         if args.target != "cuda":
             raise SystemExit("--screen times CUDA kernels")
-        screened = screen(args.kernel_dir, spec, baseline, built[1:], shapes, dtypes)
+        screened, screen_aa = screen(args.kernel_dir, spec, baseline, built[1:], shapes, dtypes)
         ranked = sorted(screened, key=lambda i: -screened[i])
         keep = set(ranked[: args.screen]) | {i for i, v in enumerate(todo) if v == defaults}
-        print(f"screened {len(screened)} variants in {time.time() - started:.0f} s; judging {len(keep)} in full",
-              flush=True)
+        print(f"screened {len(screened)} variants in {time.time() - started:.0f} s (the baseline against itself: "
+              f"{screen_aa:.3f}); judging {len(keep)} in full", flush=True)
 
     rows = []
     device = None
@@ -240,7 +258,7 @@ def main() -> int:
     result = {"kernel": spec.name, "target": args.target, "device": device, "python": platform.python_version(),
               "command": "python3 bench/sweep.py " + " ".join(sys.argv[1:]), "defaults": defaults,
               "shapes": [s.label for s in shapes], "dtypes": dtypes, "seconds": time.time() - started,
-              "screen": args.screen,
+              "screen": args.screen, "screen_aa": screen_aa,
               "variants": rows}  # fmt: skip
     try:
         import torch

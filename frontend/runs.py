@@ -406,13 +406,17 @@ def _say_ended(desc, wf_id: str, report_dir: Path, say, outcome: OptimizeResult 
 
 def local_gpu_indices(gpu_class: str | None, gpus: str = "all") -> list[int]:
     """The local GPUs (nvidia-smi indices) of `gpu_class` that serve an embedded campaign: all of them,
-    or the first N (`gpus`: "all" or a count). UsageError where there is none or too few."""
-    from gpu_worker.device import local_gpus
+    or the first N (`gpus`: "all" or a count), among those CUDA_VISIBLE_DEVICES names where it is set.
+    UsageError where there is none or too few."""
+    from gpu_worker.device import local_gpus, visible_gpus
 
-    found = [(idx, cls) for idx, _name, cls in local_gpus()]
+    shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+    found = [(g.index, g.gpu_class) for g in visible_gpus(local_gpus(), shown)]
     match = [idx for idx, cls in found if cls == gpu_class]
     if not match:
         have = ", ".join(cls for _, cls in found) or "no GPU"
+        if shown is not None:
+            have += f" that CUDA_VISIBLE_DEVICES={shown!r} shows"
         raise UsageError(f"--target cuda --gpu-class {gpu_class}: this machine has {have}; run on a "
                          f"{gpu_class} machine, pass its class, or set KOPT_TEMPORAL_ADDRESS to use a "
                          f"cluster with GPU workers")

@@ -18,13 +18,14 @@ class LocalGpu(NamedTuple):
     index: int  # nvidia-smi index (physical; CUDA_VISIBLE_DEVICES does not renumber it)
     name: str
     gpu_class: str
+    uuid: str = ""
 
 
 def local_gpus(timeout_s: float = 20.0) -> list[LocalGpu]:
-    """GPUs nvidia-smi sees, as (index, name, class); empty when nvidia-smi is missing or fails."""
+    """GPUs nvidia-smi sees, as (index, name, class, uuid); empty when nvidia-smi is missing or fails."""
     try:
         proc = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"],
+            ["nvidia-smi", "--query-gpu=index,name,uuid", "--format=csv,noheader"],
             capture_output=True, text=True, timeout=timeout_s,
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
@@ -33,11 +34,30 @@ def local_gpus(timeout_s: float = 20.0) -> list[LocalGpu]:
         return []
     gpus = []
     for line in proc.stdout.splitlines():
-        index, _, name = line.partition(",")
+        index, _, rest = line.partition(",")
+        name, _, uuid = rest.rpartition(",") if rest.count(",") else (rest, "", "")
         if not index.strip().isdigit() or not name.strip():
             continue
-        gpus.append(LocalGpu(int(index), name.strip(), gpu_class_from_name(name)))
+        gpus.append(LocalGpu(int(index), name.strip(), gpu_class_from_name(name), uuid.strip()))
     return gpus
+
+
+def visible_gpus(gpus: list[LocalGpu], cuda_visible_devices: str | None) -> list[LocalGpu]:
+    """The GPUs of `gpus` that CUDA_VISIBLE_DEVICES lets this process use, in its order: all where it is
+    unset. Its entries are nvidia-smi indices or UUIDs (a prefix is enough); as in CUDA, the list ends at
+    the first entry that names no GPU or repeats one, and an empty value hides every GPU."""
+    if cuda_visible_devices is None:
+        return list(gpus)
+    chosen: list[LocalGpu] = []
+    for entry in (e.strip() for e in cuda_visible_devices.split(",")):
+        if entry.isdigit():
+            found = [g for g in gpus if g.index == int(entry)]
+        else:
+            found = [g for g in gpus if entry and g.uuid.startswith(entry)]
+        if len(found) != 1 or found[0] in chosen:
+            break
+        chosen.append(found[0])
+    return chosen
 
 
 def cpu_name() -> str:

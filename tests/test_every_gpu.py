@@ -81,3 +81,39 @@ def test_candidates_default_to_two_slots_a_gpu_offline_and_one_in_lockstep(tmp_p
     assert candidates("--lockstep") == (2, True)
     assert candidates("--candidates", "3") == (3, False)
     assert candidates(target="cpu") == (1, False)
+
+
+def test_cuda_visible_devices_chooses_the_embedded_campaigns_gpus(tmp_path, monkeypatch):
+    """A user who sets CUDA_VISIBLE_DEVICES=1 on a shared host gets GPU 1 and only it (the embedded plan once
+    took nvidia-smi's first GPU whatever it said). Entries are indices or UUID prefixes; as in CUDA, the
+    list ends at the first entry that names no GPU, and an empty one hides them all."""
+    import pytest
+
+    from frontend import runs
+    from kopt.errors import UsageError
+
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n[ \"$1\" = --query-gpu=index,name,uuid ] || exit 9\n"
+                    "echo '0, NVIDIA H100 80GB HBM3, GPU-aaaa-0000'\necho '1, NVIDIA H100 80GB HBM3, GPU-bbbb-1111'\n"
+                    "echo '2, NVIDIA H200, GPU-cccc-2222'\n")  # fmt: skip
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+
+    def chosen(visible: str | None, gpus: str = "all") -> list[int]:
+        if visible is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        return runs.local_gpu_indices("h100", gpus)
+
+    assert chosen(None) == [0, 1]
+    assert chosen("1") == [1] and chosen("GPU-bbbb") == [1]
+    assert chosen("1,0") == [1, 0] and chosen("1,0", "1") == [1]
+    assert chosen("0,7,1") == [0]  # CUDA stops at 7
+    assert chosen("2,1") == [1]  # the H200 is another class
+    for hidden in ("", "7", "GPU-zzzz"):
+        with pytest.raises(UsageError, match="CUDA_VISIBLE_DEVICES="):
+            chosen(hidden)
+    with pytest.raises(UsageError, match="from 1 to 1"):
+        chosen("0", "2")
