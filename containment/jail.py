@@ -7,7 +7,8 @@ children) or through `python -m containment.jail SPEC -- ARGV...` (which enters,
 1. The calling process becomes a small supervisor: it makes new PID, mount, network, IPC and UTS
    namespaces (as root with CAP_SYS_ADMIN directly; otherwise inside a new user namespace that maps
    only the caller's own uid), forks the namespace's init (PID 1), waits for it and exits the way
-   the job did. The init sets the sandbox up, forks the job's process (PID 2) and waits. When the
+   the job did. The init sets the sandbox up, forks the job's process (at a pid drawn at random up to
+   pid_max, as a production process's could be, not 2) and waits. When the
    supervisor dies, the init is killed (PDEATHSIG), and with it everything in its PID namespace:
    no descendant outlives the job.
 2. The init builds a new root on a tmpfs: the system directories (/usr and the
@@ -40,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+JOB_PID_LOW = 300  # the lowest pid the job may be given (_draw_job_pid); the host's own start there too
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
@@ -228,6 +230,28 @@ def _build_root(spec: JailSpec, root: str) -> None:
     _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
+def host_pid_max() -> int:
+    """The host's pid_max, as its own processes see it (read before the jail's /proc replaces the view)."""
+    try:
+        return int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        return 32768
+
+
+def _draw_job_pid(pid_max: int) -> None:
+    """Make the job's pid one a process in production could have: drawn at random up to the host's
+    pid_max, not the 2 that a fresh PID namespace hands out. A small pid told a kernel that it was
+    being judged (a red team's read it from glibc's thread control block, no system call needed); the
+    job's process, its threads and its children now count up from the drawn number. The init writes
+    its namespace's ns_last_pid (the fresh /proc is its own; it still holds the capability)."""
+    import secrets
+
+    headroom = 4096  # the job's threads and children count up from the drawn pid
+    last = JOB_PID_LOW + secrets.randbelow(max(1, pid_max - headroom - JOB_PID_LOW))
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(last))
+
+
 def _drop_privileges(spec: JailSpec, real_root: bool) -> None:
     import resource
 
@@ -294,10 +318,12 @@ def enter(spec: JailSpec) -> None:
     JailError (in the caller) when the namespaces cannot be made.
 
     Three processes: the supervisor (outside), the namespace's init (PID 1: it builds the root,
-    drops privileges, then only waits) and the contained process (PID 2), which is not the init
-    because an init ignores its own fatal signals (abort() would not end it)."""
+    drops privileges, then only waits) and the contained process (at a pid drawn at random:
+    _draw_job_pid), which is not the init because an init ignores its own fatal signals (abort()
+    would not end it)."""
     root = os.path.join(spec.scratch, ".jail-root")
     os.makedirs(root, exist_ok=True)
+    pid_max = host_pid_max()
     real_root = _unshare()
     r, w = os.pipe()  # init -> supervisor: a failed set-up, or the signal that ended the job
     life_r, life_w = os.pipe()  # held open by the supervisor: EOF means it is gone
@@ -312,6 +338,7 @@ def enter(spec: JailSpec) -> None:
         os.setsid()  # its own process group: a kill(0) or killpg reaches nobody outside
         _build_root(spec, root)
         _libc.sethostname(HOSTNAME, len(HOSTNAME))
+        _draw_job_pid(pid_max)
         _drop_privileges(spec, real_root)
         os.chdir(os.path.realpath(spec.scratch))
         # After the last change of credentials (which clears it): die with the supervisor. If the

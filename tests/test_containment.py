@@ -237,6 +237,29 @@ def test_hostile_corpus_is_contained_on_cuda(tmp_path, planted):
     check_contained(results, libs, hashes, planted, "cuda")
 
 
+def test_the_jobs_pid_is_drawn_like_a_production_processes(tmp_path):
+    """A fresh PID namespace numbers its first process 2, and a small pid told a kernel it was being judged
+    (tests/cheats/cpu/tls_scan_pid.cpp: read from glibc's thread control block, no system call). Each
+    jail draws its job's pid at random up to pid_max; the job's threads count up from it."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    spec = jail.JailSpec(scratch=str(scratch), env={"PATH": "/usr/bin:/bin"})
+    probe = "import os,threading;t=threading.Thread(target=lambda:print(threading.get_native_id()));" \
+            "print(os.getpid());t.start();t.join()"
+    pids, tids = [], []
+    for _ in range(4):
+        out = subprocess.run(jail.command(spec, ["python3", "-c", probe]), capture_output=True, text=True,
+                             env=jail.launcher_env(), timeout=60)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        pid, tid = (int(x) for x in out.stdout.split())
+        pids.append(pid)
+        tids.append(tid)
+    pid_max = jail.host_pid_max()
+    assert len(set(pids)) == 4 and all(jail.JOB_PID_LOW <= p < pid_max for p in pids), pids
+    assert max(pids) >= 1000, pids  # all four below 1000: about (700 / pid_max) ** 4 by chance
+    assert all(0 < t - p < 64 for p, t in zip(pids, tids)), (pids, tids)
+
+
 def test_the_jail_hides_the_host_and_holds_its_limits(tmp_path, planted):
     """What a process in a harness jail sees: no host files, no other process, no network, no
     privileges, hard limits, only its own environment."""
@@ -255,7 +278,9 @@ def test_the_jail_hides_the_host_and_holds_its_limits(tmp_path, planted):
                          env=jail.launcher_env(), timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
     seen = __import__("json").loads(out.stdout)
-    assert seen["pids"] == ["1", "2"], seen  # a PID namespace of its own: its init and itself
+    # A PID namespace of its own: its init and itself, at a pid drawn like a production process's
+    assert len(seen["pids"]) == 2 and "1" in seen["pids"], seen
+    assert min(int(p) for p in seen["pids"] if p != "1") >= jail.JOB_PID_LOW, seen
     assert not seen["secret"] and not seen["writable_usr"]
     assert {k: v for k, v in seen["env"].items() if k != "LC_CTYPE"} == {"PATH": "/usr/bin:/bin", "ONLY": "this"}
     assert seen["as"] == [4096 << 20, 4096 << 20]  # hard
