@@ -156,7 +156,8 @@ def _parser() -> argparse.ArgumentParser:
                           "finishes and gives its GPU the next proposal (decisions then follow finishing order)")
     opt.add_argument("--gpus", default="all", help="--target cuda, local workers: how many of this machine's GPUs "
                                                     "of the class judge candidates, one exec worker each (a count, "
-                                                    "or all; default all), among those CUDA_VISIBLE_DEVICES names where it is set")
+                                                    "or all; default all), among those CUDA_VISIBLE_DEVICES names "
+                                                    "where it is set")
     opt.add_argument("--single-agent", action="store_true", help="one combined agent instead of the team")
     opt.add_argument("--patience", type=int, default=None, help="stop after K rounds without improvement")
     opt.add_argument("--min-gain", type=float, default=None,
