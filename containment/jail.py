@@ -41,13 +41,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
-JOB_PID_LOW = 300  # the lowest pid the job may be given (_draw_job_pid); the host's own start there too
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP = 1, 24
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+JOB_PID_LOW = 300  # the lowest pid the job may be given (_draw_job_pid); the host's own start there too
 NOBODY = 65534
 HOSTNAME = b"kopt-sandbox"
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "nsswitch.conf", "passwd", "group",

@@ -237,6 +237,12 @@ def test_hostile_corpus_is_contained_on_cuda(tmp_path, planted):
     check_contained(results, libs, hashes, planted, "cuda")
 
 
+def jailed(spec: jail.JailSpec, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    """`argv` run in a jail of `spec`, as the launcher runs it; output captured as text."""
+    return subprocess.run(jail.command(spec, argv), capture_output=True, text=True, env=jail.launcher_env(),
+                          timeout=timeout)  # fmt: skip
+
+
 def test_the_jobs_pid_is_drawn_like_a_production_processes(tmp_path):
     """A fresh PID namespace numbers its first process 2, and a small pid told a kernel it was being judged
     (tests/cheats/cpu/tls_scan_pid.cpp: read from glibc's thread control block, no system call). Each
@@ -248,8 +254,7 @@ def test_the_jobs_pid_is_drawn_like_a_production_processes(tmp_path):
             "print(os.getpid());t.start();t.join()"
     pids, tids = [], []
     for _ in range(4):
-        out = subprocess.run(jail.command(spec, ["python3", "-c", probe]), capture_output=True, text=True,
-                             env=jail.launcher_env(), timeout=60)  # fmt: skip
+        out = jailed(spec, ["python3", "-c", probe])
         assert out.returncode == 0, out.stderr
         pid, tid = (int(x) for x in out.stdout.split())
         pids.append(pid)
@@ -274,8 +279,7 @@ def test_the_jail_hides_the_host_and_holds_its_limits(tmp_path, planted):
         "'cap': open('/proc/self/status').read().split('CapEff:')[1].split()[0],"
         "'ifaces': sorted(os.listdir('/sys/class/net')), 'writable_usr': os.access('/usr', os.W_OK)}))"
     )
-    out = subprocess.run(jail.command(spec, ["python3", "-c", probe]), capture_output=True, text=True,
-                         env=jail.launcher_env(), timeout=60)  # fmt: skip
+    out = jailed(spec, ["python3", "-c", probe])
     assert out.returncode == 0, out.stderr
     seen = __import__("json").loads(out.stdout)
     # A PID namespace of its own: its init and itself, at a pid drawn like a production process's
@@ -336,12 +340,11 @@ def test_the_compiler_jail_holds_when_the_checks_are_bypassed(tmp_path, planted)
     src.write_text(f'#include "{SECRET}"\nint x;\n')
     spec = build.compiler_jail(tc, work)
     argv = build.compile_command(tc, src, work / "kernel.so", [f"-fdump-tree-original={SECRET_DIR}/dump"])
-    out = subprocess.run(jail.command(spec, argv), capture_output=True, text=True, env=jail.launcher_env(), timeout=120)
+    out = jailed(spec, argv, timeout=120)
     assert out.returncode != 0 and "No such file or directory" in out.stdout + out.stderr
     assert CANARY not in out.stdout + out.stderr
     assert not (SECRET_DIR / "dump").exists()
-    limits = subprocess.run(jail.command(spec, ["cat", "/proc/self/limits"]), capture_output=True, text=True,
-                            env=jail.launcher_env(), timeout=60).stdout  # fmt: skip
+    limits = jailed(spec, ["cat", "/proc/self/limits"]).stdout
     address = re.search(r"Max address space\s+(\d+)\s+(\d+)", limits).groups()
     processes = re.search(r"Max processes\s+(\d+)\s+(\d+)", limits).groups()
     assert address == (str(build.COMPILER_MEMORY_MB << 20),) * 2  # soft and hard: a cap the compiler cannot lift

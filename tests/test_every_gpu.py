@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
+
 from frontend.client import connect
 from frontend.runs import prepare_request
 from frontend.workers import WorkerPlan, running_workers, toolchains_for
@@ -87,8 +89,6 @@ def test_cuda_visible_devices_chooses_the_embedded_campaigns_gpus(tmp_path, monk
     """A user who sets CUDA_VISIBLE_DEVICES=1 on a shared host gets GPU 1 and only it (the embedded plan once
     took nvidia-smi's first GPU whatever it said). Entries are indices or UUID prefixes; as in CUDA, the
     list ends at the first entry that names no GPU, and an empty one hides them all."""
-    import pytest
-
     from frontend import runs
     from kopt.errors import UsageError
 
