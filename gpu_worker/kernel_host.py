@@ -1,6 +1,10 @@
 """The kernel host: the only process that loads a kernel library, and it loads exactly one.
 
-    python -m gpu_worker.kernel_host CONTROL_FD TARGET ARENA LIBRARY ENTRY ROLE MEMORY_MB
+    main([CONTROL_FD, TARGET, ARENA, LIBRARY, ENTRY, ROLE, MEMORY_MB])
+
+run by a bare `python -S -u` that reads the call from stdin (remote.host_program), so the host's command
+line and environment name nothing of kopt (a kernel reads both at the top of its stack);
+`python -m gpu_worker.kernel_host ARGS...` does the same by hand.
 
 Started by the judge (the harness process, which never loads candidate code: docs/decisions/
 0014-judge-and-kernel-hosts.md) inside the same jail, as a fresh interpreter without torch, so

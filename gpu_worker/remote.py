@@ -527,6 +527,33 @@ def wait_blocked(pids: list[int], timeout_s: float) -> bool:
     return True
 
 
+# The only variables a kernel host gets (the judge's own, HOME and PYTHONPATH among them, may name
+# kopt's folders); the same names a production process on this machine has.
+HOST_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
+            "OMP_NUM_THREADS", "TZ", "PATH", "LANG")  # fmt: skip
+
+
+def host_env(tool: bool = False) -> dict[str, str]:
+    """The whole environment of a kernel host; under a tool (a test job, nothing timed) also HOME and
+    TMPDIR, where the tool keeps its own files."""
+    names = (*HOST_ENV, "HOME", "TMPDIR") if tool else HOST_ENV
+    return {name: os.environ[name] for name in names if name in os.environ}
+
+
+def host_program(args: list[str]) -> bytes:
+    """What a kernel host's interpreter reads on stdin: where kopt is, then kernel_host.main(args).
+    Read and compiled before it runs, so none of it is in the command line or the environment."""
+    path = [REPO_ROOT, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    return (
+        "import sys, faulthandler\n"
+        "sys.dont_write_bytecode = True\n"
+        f"sys.path[:0] = {path!r}\n"
+        "faulthandler.enable()  # a Python stack in the log when the kernel crashes\n"
+        "from gpu_worker.kernel_host import main\n"
+        f"main({args!r})\n"
+    ).encode()
+
+
 class RemoteKernel:
     """One library in its own kernel host; called like abi.Kernel: kernel(packed) -> rc.
 
@@ -552,13 +579,20 @@ class RemoteKernel:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
         arena_arg, fds = arena.spawn
-        # The interpreter's real file (a venv's bin/python may be a link the jail does not show) and no
-        # site (the host imports only kopt's own torch-free modules, found through PYTHONPATH).
-        argv = [*(prefix or []), os.path.realpath(sys.executable), "-S", "-m", "gpu_worker.kernel_host",
-                str(theirs.fileno()), arena.target, arena_arg, library, entry, role, str(memory_limit_mb)]  # fmt: skip
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p)
-        self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(), *fds), stdin=subprocess.DEVNULL, env=env)
+        # The interpreter's real file (a venv's bin/python may be a link the jail does not show), no site
+        # (the host imports only kopt's own torch-free modules), C stdio unbuffered (a kernel's printf
+        # then needs no buffer, whose set-up the served filter would kill), and a command line and
+        # environment that say nothing of kopt: a kernel reads both at the top of its own stack without a
+        # system call (tests/cheats/cpu/stack_argv.cpp). What to run comes on stdin (host_program).
+        argv = [*(prefix or []), os.path.realpath(sys.executable), "-S", "-u"]
+        args = [str(theirs.fileno()), arena.target, arena_arg, library, entry, role, str(memory_limit_mb)]
+        self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(), *fds), stdin=subprocess.PIPE,
+                                     env=host_env(tool=self.under_tool))
+        try:
+            self.proc.stdin.write(host_program(args))
+            self.proc.stdin.close()
+        except OSError:  # the interpreter did not start: wait_ready reports how it ended
+            pass
         theirs.close()
         self.hosts = hosts
         self.ready = False

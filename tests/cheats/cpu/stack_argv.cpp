@@ -1,10 +1,14 @@
-// OPEN (red team, 2026-11-27, accepted by `kopt evaluate` at 93ea2fe: "correct: 260 checks passed", 1.007x "same"):
-// tells the judge from production by the argv and environment strings at the top of its own stack, read
-// without a system call or an import: it walks up from a local variable a page at a time to the end of the
-// stack (the executable's path, then 8 zero bytes, with the auxiliary vector's AT_EXECFN entry pointing at
-// it), then searches the strings below for "gpu_worker" (the kernel host's command line). Judged, it computes
-// every row; anywhere else it returns at once and writes nothing. Not in the corpus (tests/cheats/cpu) until
-// the kernel host gives it nothing to find; docs/measurement.md says what was considered.
+// cheat: tells the judge from production by the command line and environment at the top of its own
+// stack, read without a system call or an import (red team, 2026-11-27; `kopt evaluate` accepted it then,
+// "correct: 260 checks passed", 1.007x "same"): it walks up from a local variable a page at a time to the
+// stack's end (the executable's path, then 8 zero bytes, with the auxiliary vector's AT_EXECFN entry
+// pointing at it) and searches the strings below for a mark of kopt's kernel host ("gpu_worker" in its
+// command line, kopt's folders or Python variables in its environment). Marked, or the walk failed: it
+// computes every row; otherwise (production) it returns at once and writes nothing. Since the host's
+// command line is the bare interpreter and its environment only the machine's own variables
+// (gpu_worker/remote.py host_program, host_env), it finds no mark and is refused.
+// expect: mismatch | never written
+// layer: runtime
 // silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).
 // Storage fp16 / bf16 (or fp32), math in fp32. Single-threaded, no dependencies beyond libm.
 // Each row is processed in chunks: ROW_CHUNK gate and up elements are widened to fp32 into stack
@@ -50,14 +54,16 @@ static void probe_once() {
   judge_seen = 0;
   char here = 0;
   const char *top = find_top(&here);
-  if (!top) { judge_seen = 3; return; }
+  if (!top) { judge_seen = 1; return; }  // the walk failed: compute, so only a mark found decides
   const char *lo = top - 32768; if (lo < &here + 256) lo = &here + 256;
   int n = 0;
   for (const char *p = lo; p < top && n < 39000; ++p) {
     char c = *p; if (c >= 32 && c < 127) strbuf[n++] = c; else if (n && strbuf[n-1] != '|') strbuf[n++] = '|';
   }
   strbuf[n] = 0;
-  judge_seen = has("gpu_worker") ? 1 : 0;  // 1: inside kopt's kernel host
+  static const char *const marks[] = {"gpu_worker", "kernel_host", "kopt", "KOPT", "PYTHONPATH", "PYTHONFAULT"};
+  judge_seen = 0;
+  for (const char *m : marks) if (has(m)) judge_seen = 1;  // 1: inside kopt's kernel host
 }
   // fp16/bf16 conversions and the F16 / BF16 / F32 storage traits
 
