@@ -197,6 +197,14 @@ def planted_shape(spec: KernelSpec, declared: list[Shape], target: str) -> Shape
     return max(fitting, key=lambda s: (min(fewest_rows(s), PLANT_ROWS), elements(spec, s.dims))) if fitting else None
 
 
+def layout_group(name: str, dims: tuple, dtype: str, kind: str) -> Group:
+    """One case of a layout variant: "strided" (every argument's rows padded by ROW_PAD) or
+    "layout:<one of LAYOUTS>"."""
+    layout = kind.removeprefix("layout:") if kind != "strided" else ""
+    pad = ROW_PAD if kind == "strided" or layout == "mixed" else 0
+    return Group(name, dtype, kind, False, [CaseSpec(dims, dtype, kind, 0, row_pad=pad, layout=layout)])
+
+
 def test_plan(
     spec: KernelSpec, target: str, shapes: list[Shape], dtypes: list[str], trials: int, edge: bool, special: bool,
     fuzz: list[dict[str, int]] | None = None, sizes: list[dict[str, int]] | None = None, sequences: bool = True,
@@ -258,19 +266,23 @@ def test_plan(
         if dtypes:
             dtype = dtypes[(turn + i + 1) % len(dtypes)]
             groups.append(Group(label(dims), dtype, "large", False, [CaseSpec(tuple(dims.items()), dtype, "large", 0)]))
-    if two_d:
+    three_d = any(len(a.shape) >= 3 for a in spec.arguments)
+    kinds = ["strided", *(f"layout:{L}" for L in LAYOUTS if three_d or L not in LAYOUTS_3D)] if two_d else []
+    if kinds:
         fitting = [s for s in shapes if elements(spec, s.dims) <= budget]
-        if fitting:
+        if fitting:  # every layout at the largest declared shape that fits, "strided" in every dtype
             shape = max(fitting, key=lambda s: elements(spec, s.dims))
             dims = tuple(shape.dims.items())
             for dtype in dtypes:
-                case = CaseSpec(dims, dtype, "strided", 0, row_pad=ROW_PAD)
-                groups.append(Group(shape.label, dtype, "strided", False, [case]))
-            three_d = any(len(a.shape) >= 3 for a in spec.arguments)
-            for i, layout in enumerate(L for L in LAYOUTS if three_d or L not in LAYOUTS_3D):  # one dtype each
-                dtype = dtypes[(turn + i) % len(dtypes)] if dtypes else None
-                if dtype is not None:
-                    v = f"layout:{layout}"
-                    case = CaseSpec(dims, dtype, v, 0, row_pad=ROW_PAD if layout == "mixed" else 0, layout=layout)
-                    groups.append(Group(shape.label, dtype, v, False, [case]))
+                groups.append(layout_group(shape.label, dims, dtype, "strided"))
+            for i, kind in enumerate(kinds[1:]):  # one dtype each
+                if dtypes:
+                    groups.append(layout_group(shape.label, dims, dtypes[(turn + i) % len(dtypes)], kind))
+        # And one layout in turn at each drawn shape (declared sizes, fuzzed shapes): a kernel that takes
+        # strides only at some widths (odd ones, a head size below 256) met a layout at one shape only
+        # (red team, 2026-11-27).
+        for i, dims in enumerate([*(sizes or []), *(fuzz or [])]):
+            if dtypes:
+                kind, dtype = kinds[(turn + i) % len(kinds)], dtypes[(turn + i + 1) % len(dtypes)]
+                groups.append(layout_group(label(dims), tuple(dims.items()), dtype, kind))
     return groups

@@ -365,8 +365,10 @@ def test_evaluate_judges_the_declared_held_out_shapes(tmp_path):
     verdict = json.loads(out.getvalue())
     assert code == 0 and held and verdict["holdout_shapes"] == held, verdict
     assert {s["shape"] for s in verdict["per_shape"] if s["held_out"]} == set(held)
-    # Every check applies but the layout silu_and_mul's baseline refuses (rows must be dense).
-    assert verdict["checks"]["failed"] == [] and verdict["checks"]["skipped"] == 1
+    # Every check applies but the transposed layout, which silu_and_mul's baseline refuses (rows must be
+    # dense): one of the four layouts at the declared shape and at every fourth drawn shape.
+    checks = verdict["checks"]
+    assert checks["failed"] == [] and 1 <= checks["skipped"] <= checks["total"] // 8, checks
 
 
 # ---------------------------------------------------------------- on a GPU
