@@ -34,7 +34,8 @@ The control socket (SOCK_SEQPACKET, one message per datagram), judge to host:
   H <pack id, count>          CUDA: count calls back to back, then wait for the whole context;
                               reply <rc, ns on the stream, status>
 Host to judge, once: R (ready) or E<reason>. `ns` is the host's own reading (CPU: its clock around
-the call; CUDA: its events around the call on its stream), `status` a CUresult (0 on CPU). The
+the call; CUDA: its events around the call on its stream), `status` a CUresult (0 on CPU), or
+FP_MODE_CHANGED with the floating-point mode before and after in place of rc and ns. The
 judge believes its own clock: a host whose reading disagrees with the judge's round trip is lying.
 """
 
@@ -81,6 +82,9 @@ MAX_MESSAGE = 1 << 16
 MAX_NDIM = 8
 ELEMENT_BYTES = {0: 4, 1: 2, 2: 2, 3: 8, 4: 4, 5: 8}  # kopt_dtype -> bytes (kernels/kopt_abi.h)
 PAGE = mmap.PAGESIZE
+# A reply's status when the call left the thread's floating-point mode changed (CUresults are >= 0);
+# rc and ns then carry the mode before and after (FpMode.read).
+FP_MODE_CHANGED = -1
 PROT_NONE, PROT_RW = 0, mmap.PROT_READ | mmap.PROT_WRITE
 
 
@@ -198,19 +202,48 @@ def _runs(pages: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
+class FpMode:
+    """The calling thread's floating-point mode, read without the kernel's help: on x86-64 the x87
+    control word (rounding, precision, exception masks) and MXCSR's control bits (flush-to-zero,
+    denormals-are-zero, rounding, exception masks; not the sticky exception flags, which any float
+    code sets), elsewhere the rounding mode. A kernel that returns with it changed makes every later
+    float operation of its caller's thread differ (red team, 2026-11-27: FTZ or round-toward-zero left
+    on after a right answer)."""
+
+    X86_64 = os.uname().machine in ("x86_64", "AMD64")
+
+    def __init__(self) -> None:
+        libm = ctypes.CDLL("libm.so.6")  # loaded before the sandbox's filters (the interpreter has it already)
+        self.fegetenv, self.fegetround = libm.fegetenv, libm.fegetround
+        self.env = ctypes.create_string_buffer(64)  # fenv_t: 32 bytes on x86-64
+
+    def read(self) -> int:
+        if not self.X86_64:
+            return self.fegetround()
+        self.fegetenv(self.env)
+        raw = self.env.raw
+        return (int.from_bytes(raw[0:2], "little") & 0x0F3F) << 16 | int.from_bytes(raw[28:32], "little") & 0xFFC0
+
+
 class CpuCalls:
-    """Calls on the CPU, timed by this process's clock (which the judge does not believe)."""
+    """Calls on the CPU, timed by this process's clock (which the judge does not believe); each one's
+    floating-point mode checked after it (outside the clock; the no-op reads it as often)."""
 
     def __init__(self) -> None:
         self.null = ctypes.c_void_p(None)
+        self.fp = FpMode()
 
     def call(self, fn, array, n: int) -> tuple[int, int, int]:
+        mode = self.fp.read()
         t0 = time.perf_counter_ns()
         rc = fn(array, n, self.null)
-        return rc, time.perf_counter_ns() - t0, 0
+        ns = time.perf_counter_ns() - t0
+        after = self.fp.read()
+        return (mode, after, FP_MODE_CHANGED) if after != mode else (rc, ns, 0)
 
     def noop(self) -> tuple[int, int, int]:
-        return 0, 0, 0
+        mode = self.fp.read()
+        return (mode, 0, FP_MODE_CHANGED) if self.fp.read() != mode else (0, 0, 0)
 
 
 class CudaCalls:
@@ -220,25 +253,34 @@ class CudaCalls:
     def __init__(self, device) -> None:
         self.dev = device
         self.graphs: list = []
+        self.fp = FpMode()
 
     def call(self, fn, array, n: int) -> tuple[int, int, int]:
         d = self.dev
+        mode = self.fp.read()
         d.record(d.start, d.stream)
         rc = fn(array, n, d.stream)
         d.record(d.end, d.stream)
+        after = self.fp.read()
         status, ns = d.event_ns()
-        return rc, ns, status
+        return (mode, after, FP_MODE_CHANGED) if after != mode else (rc, ns, status)
 
     def noop(self) -> tuple[int, int, int]:
         d = self.dev
+        mode = self.fp.read()
         d.record(d.start, d.stream)
         d.record(d.end, d.stream)
+        after = self.fp.read()
         status, ns = d.event_ns()
-        return 0, ns, status
+        return (mode, after, FP_MODE_CHANGED) if after != mode else (0, ns, status)
 
     def capture(self, fn, packs: list) -> tuple[int, int, int]:
         rcs = []
+        mode = self.fp.read()
         status, exe = self.dev.capture(lambda: rcs.extend(fn(array, n, self.dev.stream) for array, n, _ in packs))
+        after = self.fp.read()
+        if after != mode:
+            return mode, after, FP_MODE_CHANGED
         rc = next((r for r in rcs if r), 0)
         if status or rc:
             return rc, 0, status
@@ -255,12 +297,16 @@ class CudaCalls:
 
     def burst(self, fn, array, n: int, count: int) -> tuple[int, int, int]:
         d = self.dev
+        mode = self.fp.read()
         d.record(d.start, d.stream)
         rc = 0
         for _ in range(count):
             rc = fn(array, n, d.stream) or rc
         d.record(d.end, d.stream)
+        after = self.fp.read()
         status, ns = d.event_ns()
+        if after != mode:
+            return mode, after, FP_MODE_CHANGED
         return rc, ns, status or d.sync_ctx()
 
 

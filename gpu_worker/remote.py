@@ -35,7 +35,8 @@ import torch
 
 from containment.seccomp import KILLED_REASON
 from gpu_worker.abi import KOPT_DTYPES, KernelFailure, Packed, error_message
-from gpu_worker.kernel_host import BURST, CALL, EMPTY, PACK_HEAD, REPLY, SEGMENT, SEGMENT_SHIFT, TENSOR_HEAD, Hello, Op
+from gpu_worker.kernel_host import (BURST, CALL, EMPTY, FP_MODE_CHANGED, PACK_HEAD, REPLY, SEGMENT, SEGMENT_SHIFT,
+                                    TENSOR_HEAD, FpMode, Hello, Op)  # fmt: skip
 from gpu_worker.sandbox import FSIZE_LIMIT
 
 T = TypeVar("T")
@@ -554,6 +555,29 @@ def host_program(args: list[str]) -> bytes:
     ).encode()
 
 
+def fp_mode_change(before: int, after: int) -> str:
+    """Words for a change of the caller's floating-point mode (kernel_host.FpMode.read's numbers)."""
+    what = []
+    if FpMode.X86_64:
+        (cw0, mx0), (cw1, mx1) = divmod(before, 1 << 16), divmod(after, 1 << 16)
+        bits = {1 << 15: "flush-to-zero", 1 << 6: "denormals-are-zero"}
+        what += [f"{name} {'on' if mx1 & bit else 'off'}" for bit, name in bits.items() if (mx0 ^ mx1) & bit]
+        rounding = ("to nearest", "down", "up", "toward zero")
+        if (mx0 ^ mx1) & 0x6000:
+            what.append(f"SSE rounding {rounding[mx1 >> 13 & 3]}")
+        if (mx0 ^ mx1) & 0x1F80:
+            what.append("SSE exception masks")
+        if (cw0 ^ cw1) & 0x0C00:
+            what.append(f"x87 rounding {rounding[cw1 >> 10 & 3]}")
+        if (cw0 ^ cw1) & 0x033F:
+            what.append("x87 precision or exception masks")
+        detail = f"MXCSR {mx0:#06x} -> {mx1:#06x}, x87 control {cw0:#06x} -> {cw1:#06x}"
+    else:
+        detail = f"rounding mode {before} -> {after}"
+    return (f"returned with the caller's floating-point mode changed ({', '.join(what) or 'control bits'}; {detail}): "
+            "every later float operation of the calling thread would differ")
+
+
 class RemoteKernel:
     """One library in its own kernel host; called like abi.Kernel: kernel(packed) -> rc.
 
@@ -662,6 +686,10 @@ class RemoteKernel:
                 raise KernelFailure(f"{self.role}: broke the kernel host's protocol during a call", party=self.role)
             raise self._death()
         rc, ns, status = REPLY.unpack(msg)
+        if status == FP_MODE_CHANGED:
+            self.close()
+            who = "" if self.role == "candidate" else f"{self.role}: "
+            raise KernelFailure(who + fp_mode_change(rc, ns), party=self.role)
         if status:
             from gpu_worker.cuda_driver import error_name
 

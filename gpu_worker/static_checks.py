@@ -512,6 +512,53 @@ def _probe_import(symbol: str) -> str | None:
     return next((meaning.format(symbol) for rx, meaning in PROBE_WORDS if rx.fullmatch(symbol)), None)
 
 
+# Writable sections a C++ shared library has of its own (the dynamic linker's tables, constructors,
+# RELRO data), and the C runtime's writable objects: anything else writable is the kernel's own state.
+RUNTIME_WRITABLE_SECTIONS = {".init_array", ".fini_array", ".dynamic", ".got", ".got.plt", ".data.rel.ro", ".data",
+                             ".bss"}  # fmt: skip
+RUNTIME_OBJECTS = {"completed.0", "completed.1", "__dso_handle", "__TMC_END__"}
+STATE_BYTES_ALLOWED = 64  # .data and .bss together, beyond which unnamed writable data is refused too
+STATE_WHY = ("the ABI: a call keeps nothing between calls (calls may come from several threads at once, and a "
+             "kept value serves a cache or a count)")  # fmt: skip
+
+
+def _writable_state(library: Path) -> list[str] | None:
+    """Static or thread_local data a CPU library keeps between calls (red team, 2026-11-27: fp32 staging
+    buffers made `static`, racing when two threads call); None when readelf is missing or fails."""
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        return None
+    try:
+        sections = subprocess.run([readelf, "-SW", str(library)], capture_output=True, text=True, timeout=60)
+        symbols = subprocess.run([readelf, "-sW", "-C", str(library)], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if sections.returncode or symbols.returncode:
+        return None
+    names, found, size = {}, [], 0
+    # readelf -SW's rows: [Nr] Name Type Address Off Size ES Flg ...
+    section_row = r"^\s*\[\s*(\d+)\]\s+(\S+)\s+\S+\s+\S+\s+\S+\s+([0-9a-f]+)\s+\S+\s+(\S*)"
+    for m in re.finditer(section_row, sections.stdout, re.M):
+        index, name, bytes_, flags = int(m.group(1)), m.group(2), int(m.group(3), 16), m.group(4)
+        names[index] = name
+        if "W" in flags and "A" in flags and name not in RUNTIME_WRITABLE_SECTIONS:
+            found.append(f"a writable section {name} ({bytes_} bytes{', thread-local' if 'T' in flags else ''})")
+        elif name in (".data", ".bss"):
+            size += bytes_
+    for m in re.finditer(r"^\s*\d+:\s+[0-9a-f]+\s+(\d+)\s+(OBJECT|TLS)\s+\S+\s+\S+\s+(\d+)\s+(.+)$", symbols.stdout,
+                         re.M):  # fmt: skip
+        bytes_, index, name = int(m.group(1)), int(m.group(3)), m.group(4).strip()
+        if bytes_ and names.get(index) in (".data", ".bss") and name not in RUNTIME_OBJECTS:
+            found.append(f"`{name}` ({bytes_} bytes)")
+    if not found and size > STATE_BYTES_ALLOWED:
+        found.append(f"{size} bytes of writable data")
+    if not found:
+        return []
+    more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+    return [f"keeps writable state between calls (static or thread_local data): {', '.join(found[:3])}{more} "
+            f"({STATE_WHY})"]
+
+
 def check_library(library: Path, target: str) -> tuple[list[str], list[str]]:
     """(violations, notes) for a compiled candidate: linked libraries, undefined symbols, machine code."""
     violations, notes = [], []
@@ -523,6 +570,11 @@ def check_library(library: Path, target: str) -> tuple[list[str], list[str]]:
                        if not ALLOWED_NEEDED.match(lib)]  # fmt: skip
     code_violations, code_notes = check_machine_code(library, target)
     violations, notes = violations + code_violations, notes + code_notes
+    if target == "cpu":
+        state = _writable_state(library)
+        if state is None:
+            notes.append("readelf not found (or failed): static data not checked")
+        violations += state or []
     symbols = _nm_undefined(library)
     if symbols is None:
         notes.append("nm not found: imported symbols not checked")

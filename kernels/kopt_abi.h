@@ -11,6 +11,9 @@
  * Arguments never overlap: an output shares no element with another argument (an `inout` argument is
  * one buffer, read and written). Views may have any strides, a storage offset and padding between
  * rows and planes; a kernel that does not take a layout returns KOPT_ERR_SHAPE.
+ * A call keeps nothing between calls (no writable static or thread_local data: calls may come from
+ * several threads at once), uses at most 1 MiB of stack, and returns with the calling thread's
+ * floating-point mode (rounding, flush-to-zero) as it found it.
  * No torch, no Python: the library is built by g++ or nvcc alone and loaded with ctypes.
  */
 #ifndef KOPT_ABI_H

@@ -7,7 +7,8 @@ Each cheat source says what it does and what must catch it in its header:
   //          (profile mode against the package baseline: whatever it does, it must not come out
   //          "faster"; expect is then "not faster"), or sanitizer (CUDA test mode with
   //          compute-sanitizer, the full runner.run_test: what only the tool can see), or fault
-  //          (an access outside its buffers: the full runner.run_test, which names the argument)
+  //          (an access outside its buffers: the full runner.run_test, which names the argument), or
+//          library (the compiled library's checks: runner.static_check, which also reads the source)
   // static:  (optional) what the static checks also say about it
   // package: (optional) scale2; default silu_and_mul
   // timing:  (optional) the profile's timing mode (graph, cold); default auto
@@ -139,7 +140,7 @@ def cpu_outcomes(cpu_libs) -> dict[str, object]:
 
     async def main():
         sem = asyncio.Semaphore(PARALLEL)
-        runtime = [c for c in CPU_CHEATS if c.layer != "static"]
+        runtime = [c for c in CPU_CHEATS if c.layer not in ("static", "library")]
         jobs = {c.name: run_cheat(c, cpu_libs[c.name], cpu_libs[f"baseline_{c.package}"], "cpu", sem)
                 for c in runtime}  # fmt: skip
         # Control: the calibrated bound, not the package tolerance, is what catches low_bits.
@@ -176,7 +177,8 @@ def test_cpu_cheat_gains_nothing_against_the_baseline(cpu_outcomes, cheat):
         assert result.ab.verdict != "faster" and result.ab.speedup_geomean < 1.5, result.ab
 
 
-@pytest.mark.parametrize("cheat", [c for c in CPU_CHEATS if c.layer not in ("static", "ab")], ids=lambda c: c.name)
+@pytest.mark.parametrize("cheat", [c for c in CPU_CHEATS if c.layer not in ("static", "ab", "library")],
+                         ids=lambda c: c.name)  # fmt: skip
 def test_cpu_cheat_is_rejected(cpu_outcomes, cheat):
     result = cpu_outcomes[cheat.name]
     ok = result.correct if cheat.layer != "profile" else result.ok
@@ -184,10 +186,13 @@ def test_cpu_cheat_is_rejected(cpu_outcomes, cheat):
     assert any(e in result.reason for e in cheat.expect), result.reason
 
 
-@pytest.mark.parametrize("cheat", [c for c in CPU_CHEATS if c.static or c.layer == "static"], ids=lambda c: c.name)
+@pytest.mark.parametrize("cheat", [c for c in CPU_CHEATS if c.static or c.layer in ("static", "library")],
+                         ids=lambda c: c.name)  # fmt: skip
 def test_cpu_cheat_library_or_source_is_flagged_before_running(cpu_libs, cheat):
     violations, _ = runner.static_check(cheat.source, cpu_libs[cheat.name], "cpu")
     assert violations
+    if cheat.layer == "library":
+        assert any(e in v for v in violations for e in cheat.expect), violations
 
 
 def test_low_bits_passes_the_package_tolerance_alone(cpu_outcomes):

@@ -54,16 +54,13 @@ static int valid(const kopt_tensor *args, int32_t nargs) {
   return KOPT_OK;
 }
 
-static volatile float sink;
-
 KOPT_EXPORT int kopt_silu_and_mul(const kopt_tensor *args, int32_t nargs, void *stream) {
   (void)stream;
   if (int rc = valid(args, nargs)) return rc;
   const kopt_tensor &x = args[0];
-  float acc = 0.0f;
+  volatile float acc = 0.0f;  // volatile: the reads stay (no static sink: the library checks refuse state)
   for (int64_t t = 0; t < x.shape[0]; ++t)  // "prefetch" row t + 1: row T is past the end
     for (int64_t j = 0; j < x.shape[1]; j += 64) acc += load(x, (t + 1) * x.strides[0] + j);
-  sink = acc;
   silu_and_mul(args[0], args[1]);
   return KOPT_OK;
 }
