@@ -98,10 +98,22 @@ _ext = load(name="kopt_@NAME@_@CID@", sources=[str(HERE / "binding.cpp"), str(HE
             build_directory=str(HERE / "build"), verbose=False)
 
 
+WRITTEN = @WRITTEN@  # the arguments the kernel writes (positions)
+
+
+def _broadcast(t: torch.Tensor) -> bool:
+    return any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape))
+
+
 def _call(tensors: list[torch.Tensor]) -> None:
     device = tensors[0].device
     if any(t.device != device for t in tensors):
         raise ValueError("kopt::@NAME@: all tensors on one device")
+    # The kernel was judged on views with positive strides (kopt_abi.h): a broadcast input (a zero
+    # stride, torch's expand) is materialized first; a broadcast output would write one element twice.
+    if any(_broadcast(tensors[i]) for i in WRITTEN):
+        raise ValueError("kopt::@NAME@: an output or in-place argument is a broadcast view (a zero stride)")
+    tensors = [t.contiguous() if i not in WRITTEN and _broadcast(t) else t for i, t in enumerate(tensors)]
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     _ext.call([t.data_ptr() for t in tensors], [str(t.dtype).removeprefix("torch.") for t in tensors],
               [list(t.shape) for t in tensors], [list(t.stride()) for t in tensors], stream)
@@ -252,6 +264,7 @@ def export_torch_op(view: RunView, out_dir: Path, store: ArtifactStore) -> Path:
            "@FLAGS@": " ".join(best.flags) or "none", "@NAMES@": ", ".join(names),
            "@TYPED@": ", ".join(f"{n}: torch.Tensor" for n in names), "@SIGNATURE@": ", ".join(names),
            "@MUTATED@": ", ".join(mutated) or "nothing", "@MUTATED_TUPLE@": repr(tuple(mutated)),
+           "@WRITTEN@": repr(tuple(i for i, a in enumerate(spec.arguments) if a.role in ("out", "inout"))),
            "@CFLAGS@": repr(["-std=c++17", *best.flags] if target == "cpu" else ["-std=c++17"]),
            "@CUDAFLAGS@": repr([*CUDA_ARCH, *best.flags] if target == "cuda" else []),
            }  # fmt: skip

@@ -217,9 +217,12 @@ def draw_integers(arg: Argument, shape: list[int], dims: dict[str, int], seed: i
 
 # Per argument, in the order the package declares them: the row padding of the "mixed" layout (in units
 # of plan.ROW_PAD: every argument strided apart from the one before it, some dense) and the element
-# offset of the "offset" layout (every base misaligned, each by another amount).
+# offset of the "offset" layout (every base misaligned, each by another amount, the amounts turning
+# with the case's `turn`). The offsets put a 2-byte element's base at 2, 4, 6, 8, 16, 32, 48, 80 and
+# 128 bytes past a 256-byte line (a 4-byte one's at 4 to 256): a kernel that went wrong only at bases
+# 4-byte but not 64-byte aligned met only 2, 4 and 6 bytes and passed (red team, 2026-11-27).
 LAYOUT_PADS = (0, 1, 2)
-LAYOUT_OFFSETS = (1, 3, 2)
+LAYOUT_OFFSETS = (1, 3, 2, 4, 8, 16, 24, 40, 64)
 
 
 def plane_pad(cs: CaseSpec) -> int:
@@ -249,7 +252,7 @@ class Case:
         shapes = shapes_of(args, cs.dim_map)
         self.buffers = {
             a.name: Buffer(shapes[a.name], dtype_of(a, cs.dtype), device, layout_pad(cs, i), guards, pool, a.name,
-                           offset=LAYOUT_OFFSETS[i % len(LAYOUT_OFFSETS)] if cs.layout == "offset" else 0,
+                           offset=LAYOUT_OFFSETS[(cs.turn + i) % len(LAYOUT_OFFSETS)] if cs.layout == "offset" else 0,
                            transposed=cs.layout == "transposed", plane_pad=plane_pad(cs),
                            swapped=cs.layout == "heads-major")
             for i, a in enumerate(args)

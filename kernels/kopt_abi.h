@@ -9,8 +9,10 @@
  * (CUDA targets) or NULL (CPU targets). The kernel must do all its work on that stream, must not
  * create streams or threads, and returns 0 on success or a non-zero KOPT_ERR_* code.
  * Arguments never overlap: an output shares no element with another argument (an `inout` argument is
- * one buffer, read and written). Views may have any strides, a storage offset and padding between
- * rows and planes; a kernel that does not take a layout returns KOPT_ERR_SHAPE.
+ * one buffer, read and written). Views may have any positive strides (torch's: never negative; a zero
+ * stride, a broadcast, is materialized by kopt's torch op before the call), any storage offset (the
+ * base at any element boundary) and padding between rows and planes; a kernel that does not take a
+ * layout returns KOPT_ERR_SHAPE.
  * A call keeps nothing between calls (no writable static or thread_local data: calls may come from
  * several threads at once), uses at most 1 MiB of stack, and returns with the calling thread's
  * floating-point mode (rounding, flush-to-zero) as it found it.

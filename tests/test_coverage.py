@@ -230,6 +230,15 @@ def test_ties_and_tables_integers_untouched(tmp_path):
         assert all(torch.equal(got[n], base[n]) for n in kept), kind
 
 
+def test_lowest_rows_meet_in_both_lses_of_a_pair():
+    """Both LSEs of a pair at float32's lowest value (two fully masked chunks) in shared rows."""
+    _, low = _pristine("merge_attn_states_lse", {"T": 8, "NH": 4, "D": 16}, kind="lowest")
+    lowest = torch.finfo(torch.float32).min
+    both = (low["s_a"] == lowest) & (low["s_b"] == lowest)
+    assert both.any() and not both.all(), both
+    assert (low["v_a"] == torch.finfo(low["v_a"].dtype).min).all(-1).any()
+
+
 def test_outputs_can_start_as_zeros_or_garbage_instead_of_the_poison():
     spec, pristine = _pristine("silu_and_mul", {"T": 3, "D": 8})
     for fill, want in (("", "poison"), ("zeros", "zeros"), ("garbage", "finite")):
