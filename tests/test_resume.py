@@ -96,9 +96,14 @@ def test_test_mode_skips_groups_that_passed_but_never_trusts_a_failed_one(silu_l
                                          resume=[forged, *pieces[1:3]], on_partial=again.append))  # fmt: skip
     assert second.correct, second.reason
     # Two groups resumed; the group whose record says it failed is run again, like every other one. (The
-    # shapes drawn from the package's ranges are each attempt's own: its salt draws them anew.)
+    # shapes drawn from the package's ranges are each attempt's own: its salt draws them anew, and with them
+    # the layout each drawn shape meets.)
+    declared = {s.label for s in req.shapes}
+
     def drawn(key: str) -> bool:
-        return key.endswith((" fuzz", " size"))
+        _, label, _, *variant = key.split(" ")
+        layout = bool(variant) and (variant[0] == "strided" or variant[0].startswith("layout:"))
+        return key.endswith((" fuzz", " size")) or (layout and label not in declared)
 
     assert [p.key for p in again if not drawn(p.key)] == [pieces[0].key] + [p.key for p in pieces[3:]
                                                                             if not drawn(p.key)]  # fmt: skip
