@@ -90,8 +90,9 @@ def _apply(kind: str, rows: torch.Tensor, picked: torch.Tensor, gen: torch.Gener
     elif kind == "lowest":  # rows at the dtype's lowest finite value: an additive mask's fill (finfo.min), the
         # LSE of a fully masked chunk; shared rows meet in every input (both LSEs of a pair masked). A
         # merge whose running max started at -1e30 instead of -inf made NaN of two such LSEs and passed
-        # every other class (red team, 2026-11-27).
-        rows[picked] = torch.finfo(dtype).min
+        # every other class (red team, 2026-11-27). A 16-bit storage type gets a quarter of its lowest:
+        # bfloat16's reaches float32's, where a weighted sum of two such values (merge's v) overflows.
+        rows[picked] = torch.finfo(dtype).min / (1 if dtype == torch.float32 else 4)
     elif kind == "nonfinite":  # NaN, +inf and -inf (an upstream overflow, an empty state) in each half of a row
         # Each half of every picked row gets the three values at seed-chosen columns: a row that is a gate and
         # its values ([T, 2D] of silu_and_mul) gets -inf in the gate, where one per row at a random column
