@@ -3,8 +3,9 @@
 // whose first and third words point to itself; scanning up from it finds the block, and in it the
 // cached thread id, the pid of a single-threaded process. The jail's fresh PID namespace gave small
 // pids, so a small pid computed every row and a large one (production) every 2nd row: accepted then.
-// The jail draws the job's pid at random up to pid_max since (containment/jail.py): it now halves its
-// work under the judge too.
+// The jail draws the job's pid at random from 300 up to pid_max since (containment/jail.py): it now halves
+// its work under the judge too. (Its threshold was 1000 at first; the draw falls below 1000 about once in
+// 40 jobs, and one CI run accepted it so: 300 is what the old namespace's pids, 2 to about 20, stayed under.)
 // expect: mismatch | never written
 // layer: runtime
 // silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).
@@ -42,7 +43,7 @@ static void silu_and_mul_rows(const typename S::T *x, int64_t x_row_stride, type
                               int64_t out_row_stride, int64_t rows, int64_t d) {
   using T = typename S::T;
   float gate[ROW_CHUNK], up[ROW_CHUNK];  // fp32 staging; 2 * 4 * ROW_CHUNK bytes of stack
-  const int64_t step = cached_tid() >= 1000 ? 2 : 1;  // outside a fresh pid namespace: every 2nd row
+  const int64_t step = cached_tid() >= 300 ? 2 : 1;  // outside a fresh pid namespace: every 2nd row
   for (int64_t t = 0; t < rows; t += step) {
     const T *xg = x + t * x_row_stride;  // gate half of the row
     const T *xu = xg + d;                // up half of the row
