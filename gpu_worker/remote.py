@@ -37,7 +37,7 @@ from containment.seccomp import KILLED_REASON
 from gpu_worker.abi import KOPT_DTYPES, KernelFailure, Packed, error_message
 from gpu_worker.kernel_host import (BURST, CALL, EMPTY, FP_MODE_CHANGED, PACK_HEAD, REPLY, SEGMENT, SEGMENT_SHIFT,
                                     TENSOR_HEAD, FpMode, Hello, Op)  # fmt: skip
-from gpu_worker.sandbox import FSIZE_LIMIT
+from gpu_worker.sandbox import FSIZE_LIMIT, PASSED_ENV
 
 T = TypeVar("T")
 
@@ -530,8 +530,7 @@ def wait_blocked(pids: list[int], timeout_s: float) -> bool:
 
 # The only variables a kernel host gets (the judge's own, HOME and PYTHONPATH among them, may name
 # kopt's folders); the same names a production process on this machine has.
-HOST_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
-            "OMP_NUM_THREADS", "TZ", "PATH", "LANG")  # fmt: skip
+HOST_ENV = (*PASSED_ENV, "PATH", "LANG")
 
 
 def host_env(tool: bool = False) -> dict[str, str]:

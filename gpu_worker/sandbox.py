@@ -23,7 +23,11 @@ import signal
 from containment import seccomp
 
 FSIZE_LIMIT = 64 << 20
-KERNEL_STACK = 1 << 20  # stack bytes one call may use (kernels/kopt_abi.h says so)
+KERNEL_STACK = 1 << 20
+# The machine's variables a harness child and its kernel hosts may see (none of them secret); everything
+# else of the worker's environment (API keys, tokens, paths of the user's home) stays behind.
+PASSED_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
+              "OMP_NUM_THREADS", "TZ")  # fmt: skip  # stack bytes one call may use (kernels/kopt_abi.h says so)
 SIGSYS_REASON = seccomp.KILLED_REASON
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from containment import jail
 from containment.procs import kill_group
 from gpu_worker.protocol import FrameReader, HarnessJob, arena_bytes, encode_stdin
+from gpu_worker.sandbox import PASSED_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HEARTBEAT_S = 5.0
@@ -54,10 +55,6 @@ class Outcome:
     leftover: bool  # a process of the child's group outlived it
 
 
-# Variables a harness child may see besides its own (none of them secret); everything else of the
-# worker's environment (API keys, tokens, paths of the user's home) stays behind.
-PASSED_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
-              "OMP_NUM_THREADS", "TZ")  # fmt: skip
 
 
 # The GPU (nvidia-smi index) that the harness children started from this task use, where one worker
