@@ -172,7 +172,8 @@ def _take_test(verdict: Verdict, tested: TestResult) -> None:
     verdict.notes += tested.notes + ([tested.sanitizer] if tested.sanitizer else [])
     checks = tested.checks + tested.variant_checks
     verdict.checks = CheckCounts(total=len(checks), skipped=sum(c.skipped for c in checks),
-                                 failed=[c.key for c in checks if not c.ok])  # fmt: skip
+                                 failed=[c.key for c in checks if not c.ok],
+                                 not_applicable=[f"{c.key}: {c.message}" for c in checks if c.skipped])  # fmt: skip
 
 
 def _take_profile(verdict: Verdict, profiled: ProfileResult) -> None:

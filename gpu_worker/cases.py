@@ -36,6 +36,10 @@ POISON = {
     torch.bfloat16: (torch.int16, 0x7FE5),
 }
 SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# The "far" layout's last row begins at least this many elements past its first: an offset kept in 32 bits,
+# signed or not, of elements or of bytes, is wrong at one of its rows at least.
+FAR_ELEMENTS = 1 << 32
+FAR_ALIGN = 64  # elements: a far row's start stays as aligned as its first (vector paths still apply)
 GUARD_BYTES = 256  # keeps the kernel-visible view 256-byte aligned, like a fresh allocation
 SCALE_STEP, SCALE_LEVELS = 1.25, 2  # Refresher: fresh inputs per call within [1.25**-2, 1.25**2] = [0.64, 1.5625]
 ROOM_BYTES = 1 << 20  # a "roomy" buffer's poisoned room on each side: at least this, and its own size
@@ -90,14 +94,21 @@ class Buffer:
     not the product of the inner ones); `offset` elements between the aligned start and the view (a view
     with a storage offset: its base is not 16-byte aligned); `transposed` (2-D): the storage holds the
     transpose, so the view's inner stride is its row count; `swapped` (3-D): the first two dimensions
-    are swapped in storage ([heads, T, D] seen as [T, heads, D]), the inner stride stays 1."""
+    are swapped in storage ([heads, T, D] seen as [T, heads, D]), the inner stride stays 1; `far`: the
+    outer dimension's stride is far_stride(shape) and the rest dense, so the view spans 2^32 elements or
+    more, of which only the rows and a guard after each are poisoned and checked (the gaps between them
+    are never touched: on CPU the arena's pages there stay unallocated)."""
 
     def __init__(self, shape: list[int], dtype: torch.dtype, device: str, row_pad: int = 0, guards: bool = True,
                  pool: str = "shared", name: str = "", offset: int = 0, transposed: bool = False,
-                 plane_pad: int = 0, swapped: bool = False):  # fmt: skip
+                 plane_pad: int = 0, swapped: bool = False, far: bool = False):  # fmt: skip
         size = torch.empty((), dtype=dtype).element_size()
         unit = GUARD_BYTES // size  # elements in one alignment unit
         g = unit if guards else 0
+        self.windows: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # (poisoned storage, where it is outside)
+        if far:
+            self._far(shape, dtype, device, pool, name, g, unit)
+            return
         row_pad = row_pad if len(shape) >= 2 else 0
         plane_pad = plane_pad if len(shape) >= 3 else 0
         transposed = transposed and len(shape) == 2 and not row_pad
@@ -126,16 +137,54 @@ class Buffer:
         inner = self.storage[start : start + n].view(phys)
         within = tuple(slice(0, s) for s in shape)
         self.view = inner.transpose(0, 1) if transposed or swapped else inner[within] if padded else inner
-        self.outside: torch.Tensor | None = None
         if lead or tail or padded or offset:
-            self.outside = torch.ones(self.storage.shape, dtype=torch.bool, device=device)
-            self.outside[start : start + n].view(phys)[within if padded else ...] = False
+            outside = torch.ones(self.storage.shape, dtype=torch.bool, device=device)
+            outside[start : start + n].view(phys)[within if padded else ...] = False
+            self.windows.append((self.storage, outside))
+
+    def _far(self, shape: list[int], dtype: torch.dtype, device: str, pool: str, name: str, g: int, unit: int) -> None:
+        rows, inner = shape[0], math.prod(shape[1:])
+        stride = far_stride(shape)
+        n = (rows - 1) * stride + inner
+        lead = g
+        tail = g + (-(lead + n + g)) % unit
+        count = lead + n + tail
+        if ARENA is not None and ARENA.target == device:
+            self.placement = ARENA.placement(name, count * torch.empty((), dtype=dtype).element_size(), pool)
+            self.storage = ARENA.tensor(count, dtype, owner=self, pool=pool, fence=self.placement == "fence")
+        else:
+            self.placement = "plain"
+            self.storage = torch.empty(count, dtype=dtype, device=device)
+        dense = [math.prod(shape[i + 1:]) for i in range(1, len(shape))]
+        at = self.storage.storage_offset() + lead  # as_strided counts from the start of the underlying storage
+        self.view = self.storage.as_strided(shape, [stride, *dense], at)
+        # Each row with a guard after it (the last one's runs to the storage's end), and the guard before the first.
+        rows_after = self.storage.as_strided((rows - 1, inner + g), (stride, 1), at)
+        last = self.storage[lead + n - inner:]
+        head = self.storage[:lead]
+        for piece, body in ((rows_after, inner), (last, inner), (head, 0)):
+            poison(piece)
+            outside = torch.ones(piece.shape, dtype=torch.bool, device=device)
+            outside[..., :body] = False
+            self.windows.append((piece, outside))
 
     def damage(self) -> int:
         """Elements outside the view whose poison was overwritten (out-of-bounds writes)."""
-        if self.outside is None:
-            return 0
-        return int((self.outside & ~poison_mask(self.storage)).sum())
+        return sum(int((outside & ~poison_mask(piece)).sum()) for piece, outside in self.windows)
+
+
+def far_stride(shape: list[int]) -> int:
+    """The "far" layout's outer stride for a tensor of `shape` (2 or more rows): its last row begins
+    FAR_ELEMENTS or more past its first, each row FAR_ALIGN-aligned like the first, and no closer to
+    the next than its own length."""
+    inner = math.prod(shape[1:])
+    least = max(-(-FAR_ELEMENTS // (shape[0] - 1)), inner + 1)
+    return -(-least // FAR_ALIGN) * FAR_ALIGN
+
+
+def far_bytes(shape: list[int], dtype: torch.dtype) -> int:
+    """The address space one far buffer of `shape` spans."""
+    return ((shape[0] - 1) * far_stride(shape) + math.prod(shape[1:])) * torch.empty((), dtype=dtype).element_size()
 
 
 def _accepts(fn, name: str) -> bool:
@@ -254,7 +303,7 @@ class Case:
             a.name: Buffer(shapes[a.name], dtype_of(a, cs.dtype), device, layout_pad(cs, i), guards, pool, a.name,
                            offset=LAYOUT_OFFSETS[(cs.turn + i) % len(LAYOUT_OFFSETS)] if cs.layout == "offset" else 0,
                            transposed=cs.layout == "transposed", plane_pad=plane_pad(cs),
-                           swapped=cs.layout == "heads-major")
+                           swapped=cs.layout == "heads-major", far=cs.far == a.name)
             for i, a in enumerate(args)
         }  # fmt: skip
         self.tensors = {name: b.view for name, b in self.buffers.items()}

@@ -21,7 +21,8 @@ import torch
 
 from gpu_worker import fuzz, plan
 from gpu_worker.abi import UNSUPPORTED, KernelFailure, PackageFault, error_message
-from gpu_worker.cases import Case, HarnessBug, generate, poison, reference, shapes_of, supports_special
+from gpu_worker.cases import Case, HarnessBug, dtype_of, far_bytes, generate, poison, reference, shapes_of, \
+    supports_special
 from gpu_worker.checks import ErrorsByOutput, bound, check_inputs, check_outputs, errors_by_output, \
     output_tolerances, total  # fmt: skip
 from gpu_worker.context import Context, derive_seed
@@ -76,8 +77,10 @@ def run_test(ctx: Context) -> TestResult:
     # The large shape where asked (the gates), and never with a sanitizer's smaller budget.
     large = fuzz.large_shape(job.spec, job.target, fuzz_seed, exclude=declared + fuzzed + sized) \
         if job.large_shapes and job.fuzz_budget is None else []  # fmt: skip
+    huge = fuzz.huge_shape(job.spec, job.target, exclude=declared) \
+        if job.large_shapes and job.fuzz_budget is None else []  # fmt: skip
     groups = plan.test_plan(job.spec, job.target, job.shapes, job.dtypes, job.trials, job.edge_shapes, special,
-                            fuzzed, sized, job.sequences, turn=fuzz_seed % 997, large=large)  # fmt: skip
+                            fuzzed, sized, job.sequences, turn=fuzz_seed % 997, large=large, huge=huge)  # fmt: skip
     if job.only_group is not None:  # a job that looks for the argument a memory fault went through
         groups = [g for g in groups if g.key == job.only_group]
     checks: list[ShapeCheck] = []
@@ -168,6 +171,10 @@ def run_group(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> Gro
                 raise
             out.skipped = f"skipped: make_inputs() cannot produce it ({exc})"
             return out
+        if ctx.cuda and (room := far_room(ctx, cs) if cs.far else huge_room(ctx, cs) if cs.variant == plan.HUGE
+                         else None):  # fmt: skip
+            out.skipped = f"skipped: {room}"
+            return out
         case = Case(args, pristine, cs, dev, pool="candidate")
         rc = ctx.call(ctx.kernel, case.packed)  # candidate first, on fresh allocations
         damage = check_inputs(case)
@@ -218,6 +225,37 @@ def run_group(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> Gro
     if ctx.cuda:
         torch.cuda.empty_cache()
     return out
+
+
+FAR_HEADROOM = 2 << 30  # device memory a far case leaves free for everything else
+
+
+def far_room(ctx: Context, cs: plan.CaseSpec) -> str | None:
+    """CUDA: why a far case cannot run here (its buffer spans 8 or 16 GiB, in each host's pool), or None."""
+    arg = next(a for a in ctx.job.spec.arguments if a.name == cs.far)
+    nbytes = far_bytes(shapes_of([arg], cs.dim_map)[arg.name], dtype_of(arg, cs.dtype))
+    pools = ["candidate", *(["baseline"] if ctx.baseline is not None else [])]
+    need = sum(ctx.arena.new_bytes(nbytes, pool) for pool in pools)
+    free = torch.cuda.mem_get_info(ctx.device)[0]
+    if free >= need + FAR_HEADROOM:
+        return None
+    return f"{cs.far}'s rows 2^32 elements apart need {need / 2**30:.1f} GiB of device memory, {free / 2**30:.1f} free"
+
+
+def huge_room(ctx: Context, cs: plan.CaseSpec) -> str | None:
+    """CUDA: why the huge case cannot run here, or None. It needs each host's buffers, the pristine inputs,
+    and the reference and the checks' float32 temporaries (about 8 of each output's size)."""
+    args, dims = ctx.job.spec.arguments, cs.dim_map
+    shapes = shapes_of(args, dims)
+    size = {a.name: math.prod(shapes[a.name]) * dtype_of(a, cs.dtype).itemsize for a in args}
+    pools = ["candidate", *(["baseline"] if ctx.baseline is not None else [])]
+    need = sum(ctx.arena.new_bytes(size[a.name], pool) for a in args for pool in pools)
+    need += sum(size[a.name] for a in args if a.role != "out")
+    need += sum(8 * 4 * math.prod(shapes[a.name]) for a in args if a.role != "in")
+    free = torch.cuda.mem_get_info(ctx.device)[0]
+    if free >= need + FAR_HEADROOM:
+        return None
+    return f"an argument of over 2^31 elements needs about {need / 2**30:.0f} GiB of device memory, {free / 2**30:.0f} free"
 
 
 # The inputs of each call of an "update" sequence: the first as generated, then CHANGES in turn; the

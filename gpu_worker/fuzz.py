@@ -162,6 +162,36 @@ def large_shape(spec: KernelSpec, target: str, seed: int, budget: int | None = N
     return out
 
 
+# CUDA's gates also check one shape whose largest argument has more than 2^31 elements (HUGE_ELEMENTS,
+# with some rows to spare), where the package's ranges reach that: a flat index kept in 32 bits is wrong
+# there (16-bit storage: 4 GiB for that argument). CPU does not: seconds a call and more memory than a
+# CI machine has.
+HUGE_ELEMENTS = (1 << 31) + (1 << 24)
+
+
+def largest_argument(spec: KernelSpec, dims: dict[str, int]) -> int:
+    return max((math.prod(int(expr.evaluate(d, dims)) for d in a.shape) for a in spec.arguments), default=0)
+
+
+def huge_shape(spec: KernelSpec, target: str, exclude: list[dict[str, int]] | None = None) -> list[dict[str, int]]:
+    """CUDA: the shape at the ranges' maxima with its largest symbol cut to the least (odd) value that
+    keeps some argument above HUGE_ELEMENTS; none on CPU or where the ranges never get there."""
+    if target != "cuda":
+        return []
+    syms = shape_symbols(spec)
+    ranges = {s: symbol_range(spec, s, target) for s in syms}
+    dims = {s: ranges[s][1] for s in syms}
+    if not syms or not valid(spec, dims) or largest_argument(spec, dims) < HUGE_ELEMENTS:
+        return []
+    sym = max(syms, key=lambda k: dims[k])
+    lo, hi = max(ranges[sym][0], 1), dims[sym]  # the least value of sym that keeps it above: in (lo, hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if largest_argument(spec, {**dims, sym: mid}) < HUGE_ELEMENTS else (lo, mid)
+    dims[sym] = min(lo + (lo % 2 == 0), ranges[sym][1])
+    return [] if dims in (exclude or []) or not valid(spec, dims) else [dims]
+
+
 def aligned_large_shape(spec: KernelSpec, ranges: dict[str, tuple[int, int]], budget: int,
                         rng: random.Random) -> dict[str, int] | None:  # fmt: skip
     """A large shape as a served model makes it, tall and wide at once: each symbol kernel.toml [sizes]

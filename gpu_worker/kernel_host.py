@@ -141,9 +141,11 @@ def decode_pack(body: bytes, segments: dict[int, tuple[int, int]]) -> tuple[int,
 
 
 class CpuPages:
-    """CPU: the arena mapped with no access; the pages a registered pack's tensors span are opened
-    read-write (counted: packs may share a buffer) and closed again when the last pack using them is
-    forgotten. The judge forgets a pack before the memory under it is used again."""
+    """CPU: the arena mapped with no access; the pages of each allocation a registered pack's tensors lie
+    in are opened read-write (counted: packs may share a buffer) and closed again when the last pack
+    using it is forgotten. The judge forgets a pack before the memory under it is used again. Spans are
+    whole allocations (remote.Arena.allocation): page-aligned, and two of them either the same or apart,
+    so one count each does (a "far" buffer's allocation spans gigabytes: one mprotect, not a page list)."""
 
     def __init__(self, fd: int, size: int) -> None:
         self.libc = ctypes.CDLL(None, use_errno=True)
@@ -155,31 +157,26 @@ class CpuPages:
         if base in (None, ctypes.c_void_p(-1).value):
             raise OSError(ctypes.get_errno(), "mmap of the buffer arena failed")
         self.base, self.size = base, size
-        self.count: dict[int, int] = {}  # page index -> packs using it
+        self.count: dict[tuple[int, int], int] = {}  # (offset, bytes) of an allocation -> packs using it
 
-    def _pages(self, spans: list[tuple[int, int, int]]) -> set[int]:
-        return {p for _, off, n in spans for p in range(off // PAGE, -(-(off + n) // PAGE))}
-
-    def _protect(self, pages: set[int], prot: int) -> None:
-        for first, count in _runs(sorted(pages)):
-            if self.libc.mprotect(self.base + first * PAGE, count * PAGE, prot):
-                raise OSError(ctypes.get_errno(), "mprotect of the buffer arena failed")
+    def _protect(self, span: tuple[int, int], prot: int) -> None:
+        off, n = span
+        first = off // PAGE * PAGE
+        if self.libc.mprotect(self.base + first, -(-(off + n) // PAGE) * PAGE - first, prot):
+            raise OSError(ctypes.get_errno(), "mprotect of the buffer arena failed")
 
     def open(self, spans: list[tuple[int, int, int]]) -> None:
-        pages = self._pages(spans)
-        new = {p for p in pages if not self.count.get(p)}
-        for p in pages:
-            self.count[p] = self.count.get(p, 0) + 1
-        self._protect(new, PROT_RW)
+        for span in {(off, n) for _, off, n in spans}:
+            self.count[span] = self.count.get(span, 0) + 1
+            if self.count[span] == 1:
+                self._protect(span, PROT_RW)
 
     def close(self, spans: list[tuple[int, int, int]]) -> None:
-        gone = set()
-        for p in self._pages(spans):
-            self.count[p] -= 1
-            if not self.count[p]:
-                del self.count[p]
-                gone.add(p)
-        self._protect(gone, PROT_NONE)
+        for span in {(off, n) for _, off, n in spans}:
+            self.count[span] -= 1
+            if not self.count[span]:
+                del self.count[span]
+                self._protect(span, PROT_NONE)
 
 
 class NoPages:
@@ -189,17 +186,6 @@ class NoPages:
         pass
 
     close = open
-
-
-def _runs(pages: list[int]) -> list[tuple[int, int]]:
-    """Sorted page indices as (first, count) runs of consecutive pages."""
-    runs: list[tuple[int, int]] = []
-    for p in pages:
-        if runs and runs[-1][0] + runs[-1][1] == p:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((p, 1))
-    return runs
 
 
 class FpMode:

@@ -63,6 +63,12 @@ OUTPUT_FILLS = ("zeros", "garbage")
 SEQUENCES = ("update", "repeat", "burst")
 REPEAT_MIN_ELEMENTS = 64  # the repeat sequence's shape: the smallest declared with at least this many
 SMALL_SIZES = 8  # edge shapes set each symbol to every value 2..SMALL_SIZES (one vector of 8 halves)
+# "far:<argument>": that argument's rows spread so far apart that its last row begins 2^32 elements or more
+# past its first (cases.far_stride): an offset computed in 32 bits (`(int)(t * stride)`) is wrong there.
+# A tensor that large cannot be checked in full on CPU; its rows alone are (cases.Buffer). One group per
+# argument of two or more dimensions whose elements are 4 bytes or fewer, at the planted shape.
+FAR = "far:"
+HUGE = "huge"  # the gates' shape with an argument of more than 2^31 elements (fuzz.huge_shape; CUDA only)
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ class CaseSpec:
     fill: str = ""  # what outputs hold before a call: "" the NaN poison, or one of OUTPUT_FILLS
     layout: str = ""  # "" every argument alike (row_pad each), or one of LAYOUTS (cases.Buffer)
     turn: int = 0  # which of the layout's variations (the "offset" layout: which base offsets)
+    far: str = ""  # the argument whose rows span 2^32 elements (FAR)
 
     @property
     def dim_map(self) -> dict[str, int]:
@@ -201,6 +208,13 @@ def planted_shape(spec: KernelSpec, declared: list[Shape], target: str) -> Shape
     return max(fitting, key=lambda s: (min(fewest_rows(s), PLANT_ROWS), elements(spec, s.dims))) if fitting else None
 
 
+def far_applies(arg: Argument, dims: dict[str, int]) -> bool:
+    """Whether an argument gets a "far" group at `dims`: two rows or more, elements of 4 bytes or fewer (an
+    8-byte one would need 32 GiB of address space for each host's calls)."""
+    shape = [int(expr.evaluate(d, dims)) for d in arg.shape]
+    return len(shape) >= 2 and shape[0] >= 2 and arg.dtype != "int64"
+
+
 def layout_group(name: str, dims: tuple, dtype: str, kind: str, turn: int = 0) -> Group:
     """One case of a layout variant: "strided" (every argument's rows padded by ROW_PAD) or
     "layout:<one of LAYOUTS>"; `turn` picks the layout's variation (cases.LAYOUT_OFFSETS)."""
@@ -212,12 +226,13 @@ def layout_group(name: str, dims: tuple, dtype: str, kind: str, turn: int = 0) -
 def test_plan(
     spec: KernelSpec, target: str, shapes: list[Shape], dtypes: list[str], trials: int, edge: bool, special: bool,
     fuzz: list[dict[str, int]] | None = None, sizes: list[dict[str, int]] | None = None, sequences: bool = True,
-    turn: int = 0, large: list[dict[str, int]] | None = None,
+    turn: int = 0, large: list[dict[str, int]] | None = None, huge: list[dict[str, int]] | None = None,
 ) -> list[Group]:
     """Groups to check, declared shapes first. `special`: make_inputs takes special=True. `fuzz`:
     the job's seeded shapes from the declared ranges (gpu_worker/fuzz.py), one trial each; `sizes`: the
     declared sizes' shapes, one trial each in one dtype (in turn); `large`: shapes far above the fuzzed
-    ones' budget (fuzz.large_shape), one trial in one dtype; `turn`: the first dtype of the turns."""
+    ones' budget (fuzz.large_shape), one trial in one dtype; `huge`: a shape with an argument of more
+    than 2^31 elements (fuzz.huge_shape), likewise; `turn`: the first dtype of the turns."""
     groups: list[Group] = []
     budget = VARIANT_BUDGET.get(target, VARIANT_BUDGET["cuda"])
     two_d = any(len(a.shape) >= 2 for a in spec.arguments)
@@ -270,6 +285,10 @@ def test_plan(
         if dtypes:
             dtype = dtypes[(turn + i + 1) % len(dtypes)]
             groups.append(Group(label(dims), dtype, "large", False, [CaseSpec(tuple(dims.items()), dtype, "large", 0)]))
+    for i, dims in enumerate(huge or []):
+        if dtypes:
+            dtype = dtypes[(turn + i) % len(dtypes)]
+            groups.append(Group(label(dims), dtype, HUGE, False, [CaseSpec(tuple(dims.items()), dtype, HUGE, 0)]))
     three_d = any(len(a.shape) >= 3 for a in spec.arguments)
     kinds = ["strided", *(f"layout:{L}" for L in LAYOUTS if three_d or L not in LAYOUTS_3D)] if two_d else []
     if kinds:
@@ -289,4 +308,9 @@ def test_plan(
             if dtypes:
                 kind, dtype = kinds[(turn + i) % len(kinds)], dtypes[(turn + i + 1) % len(dtypes)]
                 groups.append(layout_group(label(dims), tuple(dims.items()), dtype, kind, turn + i))
+    if base is not None and dtypes:  # last: a kernel that ignores strides fails the layouts above by name
+        for i, arg in enumerate(a for a in spec.arguments if far_applies(a, base.dims)):
+            dtype = dtypes[(turn + i) % len(dtypes)]
+            groups.append(Group(base.label, dtype, FAR + arg.name, False, [
+                CaseSpec(tuple(base.dims.items()), dtype, FAR + arg.name, 0, far=arg.name)]))  # fmt: skip
     return groups

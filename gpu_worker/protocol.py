@@ -84,9 +84,15 @@ def host_death(reason: str | None) -> bool:
     return bool(reason) and reason.removeprefix("baseline: ").startswith(HOST_DEATHS)
 
 
+# Address space the CPU arena keeps for "far" buffers (cases.far_bytes: 16 GiB and a little for 4-byte
+# elements), one for each of the two hosts' test calls, of which only the rows are ever touched.
+FAR_ARENA_BYTES = 33 << 30
+
+
 def arena_bytes(memory_limit_mb: int) -> int:
-    """The CPU judge's shared buffer arena (remote.Arena): half the job's memory limit, sparse."""
-    return max(memory_limit_mb, 256) << 19
+    """The CPU judge's shared buffer arena (remote.Arena), sparse: half the job's memory limit, and the
+    span of the far buffers."""
+    return (max(memory_limit_mb, 256) << 19) + FAR_ARENA_BYTES
 
 
 def new_key() -> bytes:

@@ -293,6 +293,12 @@ class CudaArena(Placement):
         weakref.finalize(owner, seg.region.give_back, off, length)
         return seg.whole[off : off + nbytes].view(dtype)
 
+    def new_bytes(self, nbytes: int, pool: str) -> int:
+        """Device memory a fenced buffer of `nbytes` in `pool` would add (none where a free segment fits it)."""
+        if any(g.fenced and g.pool == pool and g.size >= nbytes and g.region.free for g in self.segs):
+            return 0
+        return -(-max(nbytes, 1) // self.gran) * self.gran
+
     def _new(self, size: int, pool: str, fenced: bool) -> Segment:
         torch.cuda.synchronize(self.device)  # torch has made its context current on this thread
         ptr, fd = self.driver.create_segment(size, self.ordinal)

@@ -9,11 +9,13 @@ from kopt.models import regression_limit, slower_beyond
 
 
 class CheckCounts(BaseModel):
-    """The test step's checks: how many ran, how many did not apply, the keys of those that failed."""
+    """The test step's checks: how many ran, how many did not apply (and why each), the keys of those that
+    failed."""
 
     total: int = 0
     skipped: int = 0
     failed: list[str] = Field(default_factory=list)
+    not_applicable: list[str] = Field(default_factory=list)  # "key: why" of each skipped check
 
 
 class ShapeVerdict(BaseModel):

@@ -40,6 +40,10 @@ def test_the_baseline_as_candidate_is_correct_and_even():
     assert lo <= verdict["speedup_geomean"] <= hi and 0.5 < verdict["speedup_geomean"] < 2.0
     assert verdict["verdict"] in ("faster", "slower", "same")
     assert verdict["checks"]["total"] > 0 and verdict["checks"]["failed"] == []
+    # Each check that did not apply, named with its reason: scale2 refuses the float dtype it does not declare.
+    skipped = verdict["checks"]["not_applicable"]
+    assert len(skipped) == verdict["checks"]["skipped"] and all(": skipped: " in k for k in skipped), skipped
+    assert any(k.startswith("N=") and "dtype:bfloat16" in k and "KOPT_ERR_DTYPE" in k for k in skipped), skipped
 
 
 def test_a_less_accurate_candidate_is_rejected_by_the_calibrated_bound():

@@ -90,9 +90,10 @@ def test_edge_shapes_come_from_the_declared_ones():
     fills = {f"fill:{f}" for f in plan.OUTPUT_FILLS}
     layouts = {f"layout:{lay}" for lay in plan.LAYOUTS if lay not in plan.LAYOUTS_3D}  # silu's arguments are 2-D
     assert {g.variant for g in groups} == {"", "x0.01", "x100", "edge", "strided", "update", "repeat", "burst", *planted,
-                                           *fills, *layouts, "dtype:float32", "dtype:bfloat16"}  # fmt: skip
-    # The sequences and planted inputs go to the largest declared shape under the edge budget.
-    assert {g.label for g in groups if g.variant in ("update", "burst", *planted, *fills)} == {"T=7,D=1000"}
+                                           *fills, *layouts, "dtype:float32", "dtype:bfloat16", "far:x",
+                                           "far:out"}  # fmt: skip
+    # The sequences, planted inputs and far rows go to the largest declared shape under the edge budget.
+    assert {g.label for g in groups if g.variant in ("update", "burst", "far:x", *planted, *fills)} == {"T=7,D=1000"}
     assert plan.prime_at_most(4096) == 4093 and plan.next_prime(97) == 101
 
 

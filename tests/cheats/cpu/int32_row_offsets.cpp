@@ -1,8 +1,9 @@
-// OPEN (red team, 2026-11-27; accepted by `kopt evaluate`, "correct: 264 checks passed"): computes each
-// row's byte offset in 32 bits. Right on every shape a job checks (at most 2^26 elements on CPU, 2^28 on
-// CUDA); silently wrong from row 37450 at D=14336 fp16 (x of 2^31 bytes: 716778 of 537600000 outputs), a
-// prefill of a Llama-3-8B MLP. Kept out of the corpus (tests/cheats/cpu) until a job reaches 2^31 bytes in
-// one tensor; docs/measurement.md says so
+// cheat: computes each row's byte offset in 32 bits (red team, 2026-11-27; accepted then by `kopt evaluate`,
+// "correct: 264 checks passed"): right on every shape a job checked (at most 2^26 elements on CPU), silently
+// wrong from row 37450 at D=14336 fp16 (x of 2^31 bytes), a prefill of a Llama-3-8B MLP. The far layout
+// spreads an argument's rows 2^32 elements apart (only the rows are backed by memory)
+// expect: far:
+// layer: runtime
 // silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).
 // Storage fp16 / bf16 (or fp32), math in fp32. Single-threaded, no dependencies beyond libm.
 // Each row is processed in chunks: ROW_CHUNK gate and up elements are widened to fp32 into stack
