@@ -267,7 +267,8 @@ def huge_room(ctx: Context, cs: plan.CaseSpec) -> str | None:
 # changed before each, every other one with the outputs left in place (a kernel that counts its calls
 # on a buffer, or its calls in a row, and turns lazy after many of them); REPEAT_CHECKED of them are
 # checked: the first FEW, the last, the rest at random.
-CHANGES = ("one element", "a few elements", "one row")
+SWAPPED = "elements swapped"
+CHANGES = ("one element", "a few elements", "one row", SWAPPED)
 CHAINED = 2
 REPEAT_RANGE = (200, 2000)
 REPEAT_CHECKED = 32
@@ -298,6 +299,9 @@ def changed(pristine: dict[str, torch.Tensor], donor: dict[str, torch.Tensor], h
         n = t.numel()
         if n == 0:
             continue
+        if how == SWAPPED:
+            _swap(t.view(-1), gen)
+            continue
         if how == "one element":
             idx = torch.randint(0, n, (1,), generator=gen)
         elif how == "a few elements":
@@ -309,6 +313,24 @@ def changed(pristine: dict[str, torch.Tensor], donor: dict[str, torch.Tensor], h
         idx = idx.to(t.device)
         t.view(-1)[idx] = donor[name].reshape(-1)[idx]
     return out
+
+
+def _swap(flat: torch.Tensor, gen: torch.Generator) -> None:
+    """Two elements of different values (where a few tries find such) exchanged in place, 4, 8 or 12
+    elements apart: the same lane of two 8-byte words. Nothing else changes, so a checksum that adds or
+    xors elements, or words (a memo keyed on it), sees no change (red team, 2026-11-27: an additive
+    checksum of 8-byte words, state kept on the stack). One pair only: a second pair in other lanes would
+    change such a checksum and have the memo miss."""
+    n, gap = flat.numel(), 4 * int(torch.randint(1, 4, (1,), generator=gen))
+    if n <= gap:
+        gap = 1
+        if n <= gap:
+            return
+    for _ in range(8):
+        i = int(torch.randint(0, n - gap, (1,), generator=gen))
+        if bool(flat[i] != flat[i + gap]):
+            break
+    flat[[i, i + gap]] = flat[[i + gap, i]].clone()
 
 
 def _restage(case: Case, pristine: dict[str, torch.Tensor], keep: bool) -> None:
@@ -335,8 +357,9 @@ def sequence_plan(variant: str, firsts: list[dict], gen: torch.Generator, chain:
     if variant == "update":  # one buffer set, its inputs changed step by step
         calls = [Call(0, firsts[0], "first call")]
         for i, how in enumerate(CHANGES, start=1):
+            what = "two elements of every input swapped" if how == SWAPPED else f"{how} of every input changed"
             calls.append(Call(0, changed(calls[-1].inputs, firsts[i], how, gen),
-                              f"after {how} of every input changed in place{kept if i > 1 else ''}", i > 1))
+                              f"after {what} in place{kept if i > 1 else ''}", i > 1))
         if chain:
             calls += [Call(0, None, f"called again on its own outputs ({k} of {CHAINED}: the in-place arguments "
                                     "hold what the last call wrote, nothing else changed)", True, True)

@@ -45,14 +45,15 @@ FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 UNDECLARED = "dtype:"  # the variant prefix of those calls
 PLANT_ROWS = 8  # rows a planted shape has at least, where a declared shape has them
 PLANTED_KINDS = ("zeros", "repeated", "sparse", "constant", "leading-zeros", "huge", "tiny", "magnitudes",
-                 "nonfinite", "ones", "same-as-other", "lowest")
+                 "nonfinite", "ones", "same-as-other", "lowest", "cancelling", "binades")
 # Variants that count only beside a baseline that passes them: a kernel's NaN and infinity handling is
 # the package's to choose (a -ffast-math baseline drops it); a candidate must keep what its baseline does.
 # Judged alone (the package's own kernel in an optimization's round 0), a failure there is a note.
+# "binades": rows up to a quarter of the dtype's top, where a sum of squares overflows as the baseline's does.
 # "huge": values near the top cancel (merge's v_a * ca + v_b * cb), where on some draws even the package's
 # own baseline misses the bfloat16 tolerance (red team, 2026-11-27: a correct candidate refused as
 # "baseline failed" on one of two runs); "lowest": outputs may overflow to inf.
-NEEDS_BASELINE = ("planted:nonfinite", "planted:magnitudes", "planted:huge", "planted:lowest")
+NEEDS_BASELINE = ("planted:nonfinite", "planted:magnitudes", "planted:huge", "planted:lowest", "planted:binades")
 # Outputs filled with something other than the NaN poison before the call, as a serving framework's
 # buffers are (torch.empty's leftovers, zeros): a kernel that does its work only on poisoned outputs, to
 # tell the harness from production, is wrong here.

@@ -24,6 +24,7 @@ SHARE = 4  # about 1 row in SHARE of every planted input gets the kind
 # "magnitudes": values up to this over sqrt(row width) (a quarter of the dtype's top at most), so a row's
 # sum of squares stays finite in float32; float16 reaches a quarter of its top (a gate of 16000).
 MAGNITUDE_TOP = 2.0**63
+MANTISSA = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}  # stored fraction bits
 
 
 def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed: int) -> None:
@@ -34,6 +35,7 @@ def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed
     names = [a.name for a in args if plantable(a) and a.name in inputs and inputs[a.name].dim() >= 1]
     shared: dict[int, torch.Tensor] = {}  # row count -> the rows every input of that count shares
     taken: dict[int, set[int]] = {}  # row count -> rows already planted in some input (shared or own)
+    levels: dict[int, torch.Tensor] = {}  # row count -> each row's place in its dtype's range ("binades")
     for name in names:
         t = inputs[name]
         if kind == "ones" and t.dim() == 1:  # a gain of exactly one everywhere (a norm without a learned scale)
@@ -47,18 +49,22 @@ def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed
         if n not in shared:
             shared[n] = torch.randperm(n, generator=gen)[:per]
             taken[n] = set(shared[n].tolist())
+            levels[n] = torch.rand(n, generator=gen, dtype=torch.float64)
         # Rows of this input alone: drawn from rows no input has planted yet, so each input has some (a
         # zero row of residual under a nonzero row of input, say) wherever rows are left.
         free = [r for r in torch.randperm(n, generator=gen).tolist() if r not in taken[n]]
         own = torch.tensor(free[: max(1, per // 2)], dtype=torch.int64)
         taken[n] |= set(own.tolist())
         picked = torch.unique(torch.cat([shared[n], own]))
-        if kind == "same-as-other":
-            _same_as_other(name, names, inputs, picked)
+        if kind in ("same-as-other", "cancelling"):
+            _from_other(name, names, inputs, picked, gen, kind == "cancelling")
             continue
 
         work = rows.double().cpu()  # planted on the CPU (the seeded generator's device), then moved back
-        _apply(kind, work, picked, gen, t.dtype)
+        if kind == "binades":
+            _binades(work, picked, levels[n][picked], gen, t.dtype)
+        else:
+            _apply(kind, work, picked, gen, t.dtype)
         inputs[name] = work.to(dtype=t.dtype, device=t.device).reshape(t.shape)
 
 
@@ -121,14 +127,36 @@ def _apply(kind: str, rows: torch.Tensor, picked: torch.Tensor, gen: torch.Gener
         rows[picked] = sign * mag
 
 
-def _same_as_other(name: str, names: list[str], inputs: dict[str, torch.Tensor], picked: torch.Tensor) -> None:
-    """Rows equal to the same rows of another input of the same shape and dtype (ties, x == residual)."""
+def _binades(rows: torch.Tensor, picked: torch.Tensor, level: torch.Tensor, gen: torch.Generator,
+             dtype: torch.dtype) -> None:  # fmt: skip
+    """Each picked row at one binade of the dtype's whole range, from 2^-8 up to a quarter of its top, the
+    binade at the row's `level` (shared by every input of that row count: both LSEs of a merged pair meet
+    at -1e25 together); signs and mantissas random. A merge that took LSEs between -1e36 and -1e20 for
+    empty passed every other class, whose values stop at 2^63 over the square root of the row width or
+    jump to the dtype's lowest (red team, 2026-11-27)."""
+    top = math.floor(math.log2(torch.finfo(dtype).max / 4))
+    exp = torch.floor(-8 + level * (top + 9)).clamp_max(top)
+    w = rows.shape[1]
+    sign = torch.where(torch.rand((len(picked), w), generator=gen) < 0.5, -1.0, 1.0).double()
+    mant = 1 + torch.rand((len(picked), w), generator=gen, dtype=torch.float64)
+    rows[picked] = sign * mant * torch.exp2(exp)[:, None]
+
+
+def _from_other(name: str, names: list[str], inputs: dict[str, torch.Tensor], picked: torch.Tensor,
+                gen: torch.Generator, cancel: bool) -> None:  # fmt: skip
+    """Rows equal to the same rows of another input of the same shape and dtype (ties, x == residual), or,
+    `cancel`, their negation off by a few units in the last place: x + residual a thousandth of either (a
+    norm that expanded (x + r)^2 into x^2 + 2xr + r^2 in float32 kept nothing of it and passed every other
+    class: red team, 2026-11-27)."""
     t = inputs[name]
     twins = [o for o in names if o != name and inputs[o].shape == t.shape and inputs[o].dtype == t.dtype]
     if not twins or names.index(name) < names.index(twins[0]):
         return  # the first of a pair is the source
     w = row_width(t)
     rows = t.reshape(-1, w).clone()
-    picked = picked.to(t.device)
-    rows[picked] = inputs[twins[0]].reshape(-1, w)[picked]
+    src = inputs[twins[0]].reshape(-1, w)[picked.to(t.device)]
+    if cancel:
+        off = 2.0 ** -MANTISSA[t.dtype] * torch.randint(1, 9, (len(picked), w), generator=gen).double().to(t.device)
+        src = (-src.double() * (1 - off)).to(t.dtype)
+    rows[picked.to(t.device)] = src
     inputs[name] = rows.reshape(t.shape)

@@ -239,6 +239,32 @@ def test_lowest_rows_meet_in_both_lses_of_a_pair():
     assert (low["v_a"] == torch.finfo(low["v_a"].dtype).min / 4).all(-1).any()  # a 16-bit type: a quarter
 
 
+def test_cancelling_rows_leave_a_sum_a_thousandth_of_its_terms():
+    """x + residual nearly zero (fused_add_rmsnorm's sum, merge's v_a against v_b): the second of a pair is
+    the first negated and off by 1 to 8 units in the last place, in planted rows only."""
+    _, plain = _pristine("fused_add_rmsnorm", {"T": 16, "H": 64})
+    _, got = _pristine("fused_add_rmsnorm", {"T": 16, "H": 64}, kind="cancelling")
+    x, r = got["input"].double(), got["residual"].double()
+    assert torch.equal(got["input"], plain["input"])  # the first of the pair is the source
+    ratio = ((x + r).abs().sum(-1) / x.abs().sum(-1))
+    near = ratio < 2.0**-6
+    assert near.any() and not near.all() and (ratio[near] > 0).all(), ratio  # nearly, never exactly, cancelling
+
+
+def test_binade_rows_share_one_binade_across_inputs_over_the_whole_range():
+    """Both LSEs of a merged pair in the same binade, anywhere from 2^-8 to a quarter of float32's top (a
+    merge that read -1e36 < s < -1e20 as empty); a 16-bit input's rows scaled alike within its own range."""
+    seen = set()
+    for seed in range(6):
+        _, got = _pristine("merge_attn_states_lse", {"T": 8, "NH": 4, "D": 16}, kind="binades", seed=seed)
+        a, b = got["s_a"].abs().log2().floor(), got["s_b"].abs().log2().floor()
+        rows = [t for t in range(8) if (a[t] == a[t, 0]).all() and (b[t] == a[t, 0]).all()]
+        assert rows, seed  # rows of one binade, the same in both LSEs
+        seen |= {int(a[t, 0]) for t in rows}
+        assert torch.isfinite(got["v_a"]).all() and got["v_a"].abs().max() <= torch.finfo(torch.float16).max / 4
+    assert min(seen) < 20 and any(66 <= e <= 119 for e in seen) and max(seen) <= 125, sorted(seen)
+
+
 def test_outputs_can_start_as_zeros_or_garbage_instead_of_the_poison():
     spec, pristine = _pristine("silu_and_mul", {"T": 3, "D": 8})
     for fill, want in (("", "poison"), ("zeros", "zeros"), ("garbage", "finite")):
@@ -251,7 +277,7 @@ def test_outputs_can_start_as_zeros_or_garbage_instead_of_the_poison():
 
 def test_the_update_and_repeat_sequences_change_inputs_in_place_and_keep_outputs_now_and_then():
     gen = torch.Generator().manual_seed(1)
-    firsts = [_pristine("silu_and_mul", {"T": 4, "D": 16}, seed=i)[1] for i in range(4)]
+    firsts = [_pristine("silu_and_mul", {"T": 4, "D": 16}, seed=i)[1] for i in range(1 + len(CHANGES))]
     for variant in ("update", "repeat"):
         bursts = sequence_plan(variant, firsts, gen)
         calls = [b[0] for b in bursts]
@@ -262,11 +288,11 @@ def test_the_update_and_repeat_sequences_change_inputs_in_place_and_keep_outputs
         assert all(not torch.equal(a.inputs["x"], b.inputs["x"]) for a, b in zip(calls, calls[1:]))
         assert not any(c.chain for c in calls)  # silu_and_mul has no in-place argument
     burst = sequence_plan("burst", firsts, gen)
-    assert [len(b) for b in burst] == [4, 4] and [c.buffer for c in burst[1]] == [0, 1, 2, 3]
+    assert [len(b) for b in burst] == [len(firsts)] * 2 and [c.buffer for c in burst[1]] == list(range(len(firsts)))
 
 
 def test_an_update_sequence_ends_on_the_kernels_own_outputs_where_it_has_in_place_arguments():
-    firsts = [_pristine("fused_add_rmsnorm", {"T": 4, "H": 16}, seed=i)[1] for i in range(4)]
+    firsts = [_pristine("fused_add_rmsnorm", {"T": 4, "H": 16}, seed=i)[1] for i in range(1 + len(CHANGES))]
     calls = [b[0] for b in sequence_plan("update", firsts, torch.Generator().manual_seed(1), chain=True)]
     assert len(calls) == 1 + len(CHANGES) + CHAINED
     tail = calls[-CHAINED:]
@@ -293,7 +319,11 @@ def test_changed_inputs_differ_in_the_said_places_only():
     _, donor = _pristine("silu_and_mul", {"T": 8, "D": 64}, seed=2)
     gen = torch.Generator().manual_seed(0)
     diffs = [int((changed(first, donor, how, gen)["x"] != first["x"]).sum()) for how in CHANGES]
-    assert 1 <= diffs[0] <= 1 and 1 <= diffs[1] <= 8 and 100 <= diffs[2] <= 128, diffs
+    assert 1 <= diffs[0] <= 1 and 1 <= diffs[1] <= 8 and 100 <= diffs[2] <= 128 and diffs[3] == 2, diffs
+    swapped = changed(first, donor, "elements swapped", gen)["x"]  # the same values, one pair exchanged
+    was, now = first["x"].flatten(), swapped.flatten()
+    i, j = (now != was).nonzero().flatten().tolist()
+    assert j - i in (4, 8, 12) and now[i] == was[j] and now[j] == was[i]  # the same lane of two 8-byte words
 
 
 def test_the_refresher_poisons_every_output_and_restores_in_place_inputs():
