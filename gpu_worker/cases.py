@@ -105,7 +105,7 @@ class Buffer:
         size = torch.empty((), dtype=dtype).element_size()
         unit = GUARD_BYTES // size  # elements in one alignment unit
         g = unit if guards else 0
-        self.windows: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # (poisoned storage, where it is outside)
+        self.windows: list[tuple[torch.Tensor, torch.Tensor]] = []  # (poisoned storage, where it lies outside)
         if far:
             self._far(shape, dtype, device, pool, name, g, unit)
             return

@@ -258,8 +258,8 @@ def huge_room(ctx: Context, cs: plan.CaseSpec) -> str | None:
     return f"an argument of over 2^31 elements needs about {need / 2**30:.0f} GiB of device memory, {free / 2**30:.0f} free"
 
 
-# The inputs of each call of an "update" sequence: the first as generated, then CHANGES in turn; the
-# last two find the previous call's outputs still in place, as a caller's reused output buffer does (a
+# The inputs of each call of an "update" sequence: the first as generated, then CHANGES in turn; all
+# but the first change find the previous call's outputs still in place, as a caller's reused output buffer does (a
 # kernel that skips a call whose outputs look done). Where the kernel has in-place arguments, CHAINED
 # calls follow that change nothing: the kernel reads what it wrote itself, as a caller that applies
 # it twice does (a kernel that skips a call on its own unchanged outputs). A "repeat" sequence makes a
