@@ -302,6 +302,25 @@ def _found(line: int, meaning: str, text: str) -> str:
     return f"line {line}: {meaning.format(text)}" if "{}" in meaning else f"line {line}: {meaning} ({text})"
 
 
+# A `__device__` or `__managed__` declaration: a variable where `;`, `=`, `[` or `{` comes before any `(`.
+DEVICE_DECL = re.compile(r"\b__(?:device|managed)__\b([^;={(\[]*)([;={(\[])")
+
+
+def _device_variables(code: str) -> list[str]:
+    """Writable device variables (`__device__ int count;`, `__managed__`): GPU memory that outlives the call,
+    shared by every call on every stream (the ABI: a call keeps nothing between calls; two streams at once
+    race on it). `const` ones are tables; `__constant__` is not writable by a kernel; `__shared__` is per block."""
+    found = []
+    for m in DEVICE_DECL.finditer(code):
+        head, stop = m.group(1), m.group(2)
+        if stop == "(" or re.search(r"\b(?:const|constexpr|__constant__|__shared__)\b", head + code[:m.start()][-40:]
+                                                                                              .split(";")[-1].split("}")[-1]):
+            continue
+        found.append(f"line {_line(code, m.start())}: a writable device variable ({' '.join(m.group(0).split())[:60]}): "
+                     f"{STATE_WHY}")
+    return found
+
+
 def check_source(source: str, target: str) -> list[str]:
     """Violations in a candidate's source, each `line N: what (the text)`; empty when clean."""
     violations = build.source_problems(source)  # includes and compile-time file reads
@@ -333,6 +352,7 @@ def check_source(source: str, target: str) -> list[str]:
         for rx, meaning in PROBE_WORDS:  # symbol names: case matters
             violations += [_found(line, meaning, m.group(0)) for m in rx.finditer(text)]
     if target == "cuda":
+        violations += _device_variables(code)
         for m in LAUNCH.finditer(code):
             cfg = _split_top_level(m.group(1))
             if len(cfg) < 4 or cfg[3] in ("0", "nullptr", "NULL", "(cudaStream_t)0", "cudaStreamLegacy"):
