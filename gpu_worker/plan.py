@@ -45,15 +45,21 @@ FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 UNDECLARED = "dtype:"  # the variant prefix of those calls
 PLANT_ROWS = 8  # rows a planted shape has at least, where a declared shape has them
 PLANTED_KINDS = ("zeros", "repeated", "sparse", "constant", "leading-zeros", "huge", "tiny", "magnitudes",
-                 "nonfinite", "ones", "same-as-other", "lowest", "cancelling", "binades")
+                 "nonfinite", "ones", "same-as-other", "lowest", "cancelling", "binades", "extremes")
+# Planted kinds in every dtype, not one in turn: "cancelling" (in bfloat16 a residual sits 2^-8 of x off -x
+# at the least, which leaves a float32 expansion's loss near the tolerance; float16's 2^-11 shows it) and
+# "extremes" (float16's top overflows no float32 product; bfloat16's does).
+EVERY_DTYPE = ("cancelling", "extremes")
 # Variants that count only beside a baseline that passes them: a kernel's NaN and infinity handling is
 # the package's to choose (a -ffast-math baseline drops it); a candidate must keep what its baseline does.
 # Judged alone (the package's own kernel in an optimization's round 0), a failure there is a note.
-# "binades": rows up to a quarter of the dtype's top, where a sum of squares overflows as the baseline's does.
+# "binades", "extremes": values up to a quarter of the dtype's top, where a sum of squares overflows as the
+# baseline's does.
 # "huge": values near the top cancel (merge's v_a * ca + v_b * cb), where on some draws even the package's
 # own baseline misses the bfloat16 tolerance (red team, 2026-11-27: a correct candidate refused as
 # "baseline failed" on one of two runs); "lowest": outputs may overflow to inf.
-NEEDS_BASELINE = ("planted:nonfinite", "planted:magnitudes", "planted:huge", "planted:lowest", "planted:binades")
+NEEDS_BASELINE = ("planted:nonfinite", "planted:magnitudes", "planted:huge", "planted:lowest", "planted:binades",
+                  "planted:extremes")
 # Outputs filled with something other than the NaN poison before the call, as a serving framework's
 # buffers are (torch.empty's leftovers, zeros): a kernel that does its work only on poisoned outputs, to
 # tell the harness from production, is wrong here.
@@ -260,9 +266,7 @@ def test_plan(
     if base is not None:
         added += [(base, f"fill:{fill}", True, {"fill": fill}) for fill in OUTPUT_FILLS]
     if base is not None and any(plantable(a) for a in spec.arguments):
-        # "cancelling" in every dtype: in bfloat16 a residual sits 2^-8 of x off -x at the least, which leaves
-        # a float32 expansion's loss near the tolerance; float16's 2^-11 shows it.
-        added += [(base, f"planted:{kind}", kind != "cancelling", {"plant": kind}) for kind in PLANTED_KINDS]
+        added += [(base, f"planted:{kind}", kind not in EVERY_DTYPE, {"plant": kind}) for kind in PLANTED_KINDS]
     if base is not None and dtypes:  # the float dtypes the package does not declare (the kernel may take them)
         for other in (d for d in FLOAT_DTYPES if d not in dtypes):
             v = f"{UNDECLARED}{other}"

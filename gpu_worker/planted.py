@@ -63,6 +63,8 @@ def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed
         work = rows.double().cpu()  # planted on the CPU (the seeded generator's device), then moved back
         if kind == "binades":
             _binades(work, picked, levels[n][picked], gen, t.dtype)
+        elif kind == "extremes":
+            _extremes(work, picked, levels[n][picked], gen, t.dtype)
         else:
             _apply(kind, work, picked, gen, t.dtype)
         inputs[name] = work.to(dtype=t.dtype, device=t.device).reshape(t.shape)
@@ -140,6 +142,28 @@ def _binades(rows: torch.Tensor, picked: torch.Tensor, level: torch.Tensor, gen:
     sign = torch.where(torch.rand((len(picked), w), generator=gen) < 0.5, -1.0, 1.0).double()
     mant = 1 + torch.rand((len(picked), w), generator=gen, dtype=torch.float64)
     rows[picked] = sign * mant * torch.exp2(exp)[:, None]
+
+
+EXTREME_BANDS = ((-8.0, -2.0), (-2.0, 7.0))  # log2 magnitudes of the "low" and "mid" bands; "top" is the dtype's
+
+
+def _extremes(rows: torch.Tensor, picked: torch.Tensor, level: torch.Tensor, gen: torch.Generator,
+              dtype: torch.dtype) -> None:  # fmt: skip
+    """Each picked row in one regime, chosen by its shared `level`: every element low (2^-8 .. 2^-2: a row
+    whose rms is below 1), every element mid (2^-2 .. 2^7), every element at the top (a 64th to a quarter
+    of the dtype's top), or each element in one of the three at random. Where a product of a mid and a top
+    value, or a top value and an inverse rms, overflows float32 though the result is finite, a kernel that
+    multiplies in another order than the reference is wrong: silu's g * u before the division, a norm's
+    scale * w before s (red team, 2026-11-27: accepted with bfloat16 values up to 1e32 only)."""
+    w = rows.shape[1]
+    top = math.log2(torch.finfo(dtype).max / 4)
+    bands = torch.tensor([*EXTREME_BANDS, (top - 4, top)], dtype=torch.float64)
+    regime = (level * 4).long().clamp_max(3)[:, None].expand(-1, w)
+    mixed = torch.randint(0, 3, (len(picked), w), generator=gen)
+    band = bands[torch.where(regime == 3, mixed, regime)]
+    u = torch.rand((len(picked), w), generator=gen, dtype=torch.float64)
+    sign = torch.where(torch.rand((len(picked), w), generator=gen) < 0.5, -1.0, 1.0).double()
+    rows[picked] = sign * torch.exp2(band[..., 0] + u * (band[..., 1] - band[..., 0]))
 
 
 def _from_other(name: str, names: list[str], inputs: dict[str, torch.Tensor], picked: torch.Tensor,

@@ -265,6 +265,22 @@ def test_binade_rows_share_one_binade_across_inputs_over_the_whole_range():
     assert min(seen) < 20 and any(66 <= e <= 119 for e in seen) and max(seen) <= 125, sorted(seen)
 
 
+def test_extreme_rows_put_values_below_one_beside_values_at_the_top():
+    """Rows low (every element below 1/4), mid, at the dtype's top, or mixed: a bfloat16 gate of -10 beside an
+    up value of 1e37 (silu's g * u overflows float32 first), a norm's row of rms below 1 under weights at the
+    top (scale * w overflows first); all finite."""
+    _, got = _pristine("silu_and_mul", {"T": 32, "D": 64}, dtype="bfloat16", kind="extremes")
+    x = got["x"].double()
+    assert torch.isfinite(x).all()
+    top = torch.finfo(torch.bfloat16).max / 4
+    gate, up = x[:, :64], x[:, 64:]
+    assert ((gate < -4) & (gate > -128) & (up.abs() > 3.4e38 / gate.abs())).any()  # g * u overflows float32
+    _, rms = _pristine("fused_add_rmsnorm", {"T": 32, "H": 256}, dtype="bfloat16", kind="extremes")
+    s = (rms["input"].double() + rms["residual"].double())
+    low = (s.abs() < 0.5).all(-1)
+    assert low.any() and (rms["weight"].double().abs() > top / 64).any() and (x.abs() <= top).all()
+
+
 def test_outputs_can_start_as_zeros_or_garbage_instead_of_the_poison():
     spec, pristine = _pristine("silu_and_mul", {"T": 3, "D": 8})
     for fill, want in (("", "poison"), ("zeros", "zeros"), ("garbage", "finite")):
