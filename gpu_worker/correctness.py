@@ -255,7 +255,8 @@ def huge_room(ctx: Context, cs: plan.CaseSpec) -> str | None:
     free = torch.cuda.mem_get_info(ctx.device)[0]
     if free >= need + FAR_HEADROOM:
         return None
-    return f"an argument of over 2^31 elements needs about {need / 2**30:.0f} GiB of device memory, {free / 2**30:.0f} free"
+    return (f"an argument of over 2^31 elements needs about {need / 2**30:.0f} GiB of device memory, "
+            f"{free / 2**30:.0f} free")
 
 
 # The inputs of each call of an "update" sequence: the first as generated, then CHANGES in turn; all

@@ -313,11 +313,11 @@ def _device_variables(code: str) -> list[str]:
     found = []
     for m in DEVICE_DECL.finditer(code):
         head, stop = m.group(1), m.group(2)
-        if stop == "(" or re.search(r"\b(?:const|constexpr|__constant__|__shared__)\b", head + code[:m.start()][-40:]
-                                                                                              .split(";")[-1].split("}")[-1]):
+        before = re.split(r"[;{})]", code[max(0, m.start() - 40) : m.start()])[-1]  # `const` may come first
+        if stop == "(" or re.search(r"\b(?:const|constexpr|__constant__|__shared__)\b", before + head):
             continue
-        found.append(f"line {_line(code, m.start())}: a writable device variable ({' '.join(m.group(0).split())[:60]}): "
-                     f"{STATE_WHY}")
+        text = " ".join(m.group(0).split())[:60]
+        found.append(f"line {_line(code, m.start())}: a writable device variable ({text}): {STATE_WHY}")
     return found
 
 

@@ -231,8 +231,9 @@ def test_baseline_passes(libs, scale2):
     assert len(result.checks) == 3 * 2
     counts = collections.Counter(c.variant.split(":")[0] for c in result.variant_checks)
     fuzzed = {c.shape for c in result.variant_checks if c.variant == "fuzz"}
+    planted = len(plan.PLANTED_KINDS) + len(plan.EVERY_DTYPE)
     assert counts == {"x0.01": 6, "x100": 6, "edge": 16, "update": 2, "repeat": 1, "burst": 2, "fill": 2,
-                      "planted": len(plan.PLANTED_KINDS) + len(plan.EVERY_DTYPE), "fuzz": 2 * len(fuzzed), "dtype": 1}, counts  # bfloat16
+                      "planted": planted, "fuzz": 2 * len(fuzzed), "dtype": 1}, counts  # dtype: bfloat16
     one_dtype = [c.dtype for c in result.variant_checks if c.variant.startswith(("fill", "planted", "repeat"))
                  and c.variant.removeprefix("planted:") not in plan.EVERY_DTYPE]
     assert set(one_dtype) == {"float32", "float16"}  # one dtype a group, the dtypes in turn
