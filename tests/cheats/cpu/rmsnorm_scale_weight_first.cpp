@@ -1,8 +1,8 @@
 // cheat: computes s * (scale * w) instead of (s * scale) * w (red team, 2026-11-27, second round; accepted
 // on one run of two): in bfloat16, scale * w overflows float32 where the row's rms is below 1 and the weight
-// near the dtype's top, though the result is finite. Planted "extremes": rows whose every element is
-// below 1 meet weights at the top
-// expect: planted:extremes
+// near the dtype's top, though the result is finite; planted "lowest" rows catch it on some draws, planted
+// "extremes" (rows whose every element is below 1 under weights at the top) on every one
+// expect: planted:extremes | planted:lowest
 // layer: runtime
 // package: fused_add_rmsnorm
 // fused_add_rmsnorm, CPU baseline:
