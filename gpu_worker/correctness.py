@@ -74,13 +74,16 @@ def run_test(ctx: Context) -> TestResult:
                                                              exclude=declared)  # fmt: skip
     sized = [] if job.fuzz_budget == 0 else fuzz.size_shapes(job.spec, job.target, fuzz_seed, job.fuzz_budget,
                                                             exclude=declared + fuzzed)  # fmt: skip
+    residues = [] if job.fuzz_budget == 0 else fuzz.residue_shapes(job.spec, job.target, fuzz_seed, job.fuzz_budget,
+                                                                   exclude=declared + fuzzed + sized)  # fmt: skip
     # The large shape where asked (the gates), and never with a sanitizer's smaller budget.
     large = fuzz.large_shape(job.spec, job.target, fuzz_seed, exclude=declared + fuzzed + sized) \
         if job.large_shapes and job.fuzz_budget is None else []  # fmt: skip
     huge = fuzz.huge_shape(job.spec, job.target, exclude=declared) \
         if job.large_shapes and job.fuzz_budget is None else []  # fmt: skip
     groups = plan.test_plan(job.spec, job.target, job.shapes, job.dtypes, job.trials, job.edge_shapes, special,
-                            fuzzed, sized, job.sequences, turn=fuzz_seed % 997, large=large, huge=huge)  # fmt: skip
+                            fuzzed, sized, job.sequences, turn=fuzz_seed % 997, large=large, huge=huge,
+                            residues=residues)  # fmt: skip
     if job.only_group is not None:  # a job that looks for the argument a memory fault went through
         groups = [g for g in groups if g.key == job.only_group]
     checks: list[ShapeCheck] = []

@@ -162,6 +162,47 @@ def large_shape(spec: KernelSpec, target: str, seed: int, budget: int | None = N
     return out
 
 
+RESIDUES = 16  # residue_shapes: each symbol meets every residue mod this, on a wide row, within one job
+RESIDUE_SHARE = 4  # each residue shape stays under the fuzz budget over this
+RESIDUE_FLOOR = 64  # the symbol under test from this size up (where the range allows), up to the budget
+RESIDUE_OTHERS = (4, 9)  # the other symbols: a few rows, heads or columns, drawn in this range
+
+
+def residue_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None = None,
+                   exclude: list[dict[str, int]] | None = None) -> list[dict[str, int]]:  # fmt: skip
+    """For each symbol whose range reaches 2 * RESIDUES, RESIDUES shapes: the symbol at every residue mod
+    RESIDUES, each on a seeded size from RESIDUE_FLOOR to what the budget allows (on a log scale, more of
+    them near the top: above 256 in more than half of the draws where 512 is the most), the other
+    symbols a few (4 to 9). Kernels wrong only where a width is 13 mod 16 above some size and the batch
+    has 4 rows or more passed every other draw (red team, 2026-11-27: a tail element normalized twice, a
+    tail weighted with the other side's scale): those seldom give an awkward residue to a wide row and a
+    batch of a few rows at once."""
+    budget, rng, syms, ranges, seen = _draw(spec, target, seed ^ 0x7E51, budget, exclude)
+    budget = max(1, budget // RESIDUE_SHARE)
+    out: list[dict[str, int]] = []
+    for s in syms:
+        lo, hi = ranges[s]
+        if hi < 2 * RESIDUES:
+            continue
+        for r in rng.sample(range(RESIDUES), RESIDUES):
+            others = {o: min(max(rng.randint(*RESIDUE_OTHERS), ranges[o][0]), ranges[o][1]) for o in syms if o != s}
+            per = max(elements(spec, {**others, s: RESIDUES}) // RESIDUES, 1)  # elements per unit of s, about
+            cap = min(hi, budget // per)
+            floor = max(lo, RESIDUE_FLOOR)
+            if cap < floor:
+                floor = max(lo, RESIDUES)
+            if cap < floor:
+                continue
+            size = cap * (floor / cap) ** (rng.random() ** 2)  # log scale, weighted to the wide end
+            value = int(size) // RESIDUES * RESIDUES + r
+            value = value if value <= cap else value - RESIDUES
+            dims = {**others, s: value}
+            if value >= lo and valid(spec, dims) and elements(spec, dims) <= budget and dims not in seen:
+                seen.append(dims)
+                out.append(dims)
+    return out
+
+
 # CUDA's gates also check one shape whose largest argument has more than 2^31 elements (HUGE_ELEMENTS,
 # with some rows to spare), where the package's ranges reach that: a flat index kept in 32 bits is wrong
 # there (16-bit storage: 4 GiB for that argument). CPU does not: seconds a call and more memory than a

@@ -234,12 +234,14 @@ def test_plan(
     spec: KernelSpec, target: str, shapes: list[Shape], dtypes: list[str], trials: int, edge: bool, special: bool,
     fuzz: list[dict[str, int]] | None = None, sizes: list[dict[str, int]] | None = None, sequences: bool = True,
     turn: int = 0, large: list[dict[str, int]] | None = None, huge: list[dict[str, int]] | None = None,
+    residues: list[dict[str, int]] | None = None,
 ) -> list[Group]:
     """Groups to check, declared shapes first. `special`: make_inputs takes special=True. `fuzz`:
     the job's seeded shapes from the declared ranges (gpu_worker/fuzz.py), one trial each; `sizes`: the
     declared sizes' shapes, one trial each in one dtype (in turn); `large`: shapes far above the fuzzed
     ones' budget (fuzz.large_shape), one trial in one dtype; `huge`: a shape with an argument of more
-    than 2^31 elements (fuzz.huge_shape), likewise; `turn`: the first dtype of the turns."""
+    than 2^31 elements (fuzz.huge_shape), likewise; `residues`: shapes that give every symbol every residue
+    (fuzz.residue_shapes), one dtype each in turn; `turn`: the first dtype of the turns."""
     groups: list[Group] = []
     budget = VARIANT_BUDGET.get(target, VARIANT_BUDGET["cuda"])
     two_d = any(len(a.shape) >= 2 for a in spec.arguments)
@@ -285,6 +287,11 @@ def test_plan(
         if dtypes:
             dtype = dtypes[(turn + i) % len(dtypes)]
             groups.append(Group(label(dims), dtype, "size", False, [CaseSpec(tuple(dims.items()), dtype, "size", 0)]))
+    for i, dims in enumerate(residues or []):
+        if dtypes:
+            dtype = dtypes[(turn + i) % len(dtypes)]
+            groups.append(Group(label(dims), dtype, "residue", False, [CaseSpec(tuple(dims.items()), dtype, "residue",
+                                                                                0)]))  # fmt: skip
     for dims in fuzz or []:
         for dtype in dtypes:
             groups.append(Group(label(dims), dtype, "fuzz", False, [CaseSpec(tuple(dims.items()), dtype, "fuzz", 0)]))

@@ -56,6 +56,8 @@ def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed
         own = torch.tensor(free[: max(1, per // 2)], dtype=torch.int64)
         taken[n] |= set(own.tolist())
         picked = torch.unique(torch.cat([shared[n], own]))
+        if kind == "extremes":  # every row, the regimes in turn: each regime meets a job of four rows or more
+            picked = torch.arange(n)
         if kind in ("same-as-other", "cancelling"):
             _from_other(name, names, inputs, picked, gen, kind == "cancelling")
             continue
@@ -64,7 +66,7 @@ def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed
         if kind == "binades":
             _binades(work, picked, levels[n][picked], gen, t.dtype)
         elif kind == "extremes":
-            _extremes(work, picked, levels[n][picked], gen, t.dtype)
+            _extremes(work, picked, ((picked + int(levels[n][0] * 4)) % 4 + 0.5).double() / 4, gen, t.dtype)
         else:
             _apply(kind, work, picked, gen, t.dtype)
         inputs[name] = work.to(dtype=t.dtype, device=t.device).reshape(t.shape)
@@ -149,9 +151,9 @@ EXTREME_BANDS = ((-8.0, -2.0), (-2.0, 7.0))  # log2 magnitudes of the "low" and 
 
 def _extremes(rows: torch.Tensor, picked: torch.Tensor, level: torch.Tensor, gen: torch.Generator,
               dtype: torch.dtype) -> None:  # fmt: skip
-    """Each picked row in one regime, chosen by its shared `level`: every element low (2^-8 .. 2^-2: a row
-    whose rms is below 1), every element mid (2^-2 .. 2^7), every element at the top (a 64th to a quarter
-    of the dtype's top), or each element in one of the three at random. Where a product of a mid and a top
+    """Each row in one regime, in turn by row (`level`, the same in every input of that row count): every
+    element low (2^-8 .. 2^-2: a row whose rms is below 1), every element mid (2^-2 .. 2^7), every element
+    at the top (a 64th to a quarter of the dtype's top), or each element in one of the three at random. Where a product of a mid and a top
     value, or a top value and an inverse rms, overflows float32 though the result is finite, a kernel that
     multiplies in another order than the reference is wrong: silu's g * u before the division, a norm's
     scale * w before s (red team, 2026-11-27: accepted with bfloat16 values up to 1e32 only)."""

@@ -208,8 +208,8 @@ def test_silu_baseline_passes_its_own_calibrated_checks(cpu_outcomes):
     fills = {f"fill:{f}" for f in plan.OUTPUT_FILLS}
     layouts = {f"layout:{lay}" for lay in plan.LAYOUTS if lay not in plan.LAYOUTS_3D}  # silu's arguments are 2-D
     assert {c.variant for c in result.variant_checks} == {"x0.01", "x100", "edge", "strided", "special", "fuzz",
-                                                          "size", "update", "repeat", "burst", *planted, *fills,
-                                                          *layouts, "dtype:float32", "far:x", "far:out"}  # fmt: skip
+                                                          "size", "residue", "update", "repeat", "burst", *planted,
+                                                          *fills, *layouts, "dtype:float32", "far:x", "far:out"}  # fmt: skip
     # The one layout this baseline refuses (its rows must be dense): not applicable; every other check ran.
     skipped = {c.variant for c in result.variant_checks if c.skipped}
     assert skipped <= {"layout:transposed"}, [c.key for c in result.variant_checks if c.skipped]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_worker import device, plan, protocol, runner, spawn, static_checks
+from gpu_worker import device, fuzz, plan, protocol, runner, spawn, static_checks
 from gpu_worker.abi import KernelFailure
 from kopt.models import ArtifactRef, ExecRequest, KernelSpec, PackageRef, Shape
 from kopt.package import load_spec
@@ -226,14 +226,14 @@ def test_baseline_passes(libs, scale2):
     assert result.correct, result.reason
     # 3 shapes x 2 dtypes declared; variants: x0.01 and x100 of each, edge shapes x 2 dtypes (one prime and
     # N = 2..8), the update and burst sequences at one shape x 2 dtypes, every planted input class at one shape
-    # in one dtype (plan.EVERY_DTYPE's in both), and
-    # the job's fuzzed shapes x 2 dtypes, and the one float dtype not declared
+    # in one dtype (plan.EVERY_DTYPE's in both), the job's fuzzed shapes x 2 dtypes, its residue shapes in one
+    # dtype each, and the one float dtype not declared
     assert len(result.checks) == 3 * 2
     counts = collections.Counter(c.variant.split(":")[0] for c in result.variant_checks)
     fuzzed = {c.shape for c in result.variant_checks if c.variant == "fuzz"}
     planted = len(plan.PLANTED_KINDS) + len(plan.EVERY_DTYPE)
     assert counts == {"x0.01": 6, "x100": 6, "edge": 16, "update": 2, "repeat": 1, "burst": 2, "fill": 2,
-                      "planted": planted, "fuzz": 2 * len(fuzzed), "dtype": 1}, counts  # dtype: bfloat16
+                      "planted": planted, "fuzz": 2 * len(fuzzed), "residue": fuzz.RESIDUES, "dtype": 1}, counts
     one_dtype = [c.dtype for c in result.variant_checks if c.variant.startswith(("fill", "planted", "repeat"))
                  and c.variant.removeprefix("planted:") not in plan.EVERY_DTYPE]
     assert set(one_dtype) == {"float32", "float16"}  # one dtype a group, the dtypes in turn
