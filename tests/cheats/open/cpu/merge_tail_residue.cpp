@@ -1,7 +1,9 @@
-// cheat: where D % 16 == 13, D > 256 and T >= 4, the tail element weights v_b with v_a's scale (red team,
-// 2026-11-27, third round; accepted twice, "correct: 309 checks passed"). The residue shapes put every
-// residue of D on a wide row, above 256 in more than half of the draws (a job's own draw: caught in most)
-// expect: residue | size | fuzz | mismatch
+// OPEN, in part (red team, 2026-11-27, third round; accepted twice, "correct: 309 checks passed"): where
+// D % 16 == 13, D > 256 and T >= 4, the tail element weights v_b with v_a's scale. The residue shapes give
+// D every residue mod 16 on a wide row, but D's range stops at 512 and the residue-13 row lands above 256
+// in about 56 % of jobs: refused in those (two `kopt evaluate` runs of two), accepted in the others, and
+// at the corpus's fixed seed. Kept out of tests/cheats/cpu until every job reaches it
+// expect: residue
 // layer: runtime
 // package: merge_attn_states_lse
 // merge_attn_states_lse, CPU baseline (SGLang merge_state, natural log): per (token t, head h),
