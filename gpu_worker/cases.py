@@ -102,7 +102,7 @@ class Buffer:
     def __init__(self, shape: list[int], dtype: torch.dtype, device: str, row_pad: int = 0, guards: bool = True,
                  pool: str = "shared", name: str = "", offset: int = 0, transposed: bool = False,
                  plane_pad: int = 0, swapped: bool = False, far: bool = False):  # fmt: skip
-        size = torch.empty((), dtype=dtype).element_size()
+        size = dtype.itemsize
         unit = GUARD_BYTES // size  # elements in one alignment unit
         g = unit if guards else 0
         self.windows: list[tuple[torch.Tensor, torch.Tensor]] = []  # (poisoned storage, where it lies outside)
@@ -150,7 +150,7 @@ class Buffer:
         tail = g + (-(lead + n + g)) % unit
         count = lead + n + tail
         if ARENA is not None and ARENA.target == device:
-            self.placement = ARENA.placement(name, count * torch.empty((), dtype=dtype).element_size(), pool)
+            self.placement = ARENA.placement(name, count * dtype.itemsize, pool)
             self.storage = ARENA.tensor(count, dtype, owner=self, pool=pool, fence=self.placement == "fence")
         else:
             self.placement = "plain"
@@ -184,7 +184,7 @@ def far_stride(shape: list[int]) -> int:
 
 def far_bytes(shape: list[int], dtype: torch.dtype) -> int:
     """The address space one far buffer of `shape` spans."""
-    return ((shape[0] - 1) * far_stride(shape) + math.prod(shape[1:])) * torch.empty((), dtype=dtype).element_size()
+    return ((shape[0] - 1) * far_stride(shape) + math.prod(shape[1:])) * dtype.itemsize
 
 
 def _accepts(fn, name: str) -> bool:

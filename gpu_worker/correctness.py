@@ -76,11 +76,10 @@ def run_test(ctx: Context) -> TestResult:
                                                             exclude=declared + fuzzed)  # fmt: skip
     residues = [] if job.fuzz_budget == 0 else fuzz.residue_shapes(job.spec, job.target, fuzz_seed, job.fuzz_budget,
                                                                    exclude=declared + fuzzed + sized)  # fmt: skip
-    # The large shape where asked (the gates), and never with a sanitizer's smaller budget.
-    large = fuzz.large_shape(job.spec, job.target, fuzz_seed, exclude=declared + fuzzed + sized) \
-        if job.large_shapes and job.fuzz_budget is None else []  # fmt: skip
-    huge = fuzz.huge_shape(job.spec, job.target, exclude=declared) \
-        if job.large_shapes and job.fuzz_budget is None else []  # fmt: skip
+    # The large and huge shapes where asked (the gates), and never with a sanitizer's smaller budget.
+    gate = job.large_shapes and job.fuzz_budget is None
+    large = fuzz.large_shape(job.spec, job.target, fuzz_seed, exclude=declared + fuzzed + sized) if gate else []
+    huge = fuzz.huge_shape(job.spec, job.target, exclude=declared) if gate else []
     groups = plan.test_plan(job.spec, job.target, job.shapes, job.dtypes, job.trials, job.edge_shapes, special,
                             fuzzed, sized, job.sequences, turn=fuzz_seed % 997, large=large, huge=huge,
                             residues=residues)  # fmt: skip
@@ -174,8 +173,7 @@ def run_group(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> Gro
                 raise
             out.skipped = f"skipped: make_inputs() cannot produce it ({exc})"
             return out
-        if ctx.cuda and (room := far_room(ctx, cs) if cs.far else huge_room(ctx, cs) if cs.variant == plan.HUGE
-                         else None):  # fmt: skip
+        if room := room_needed(ctx, cs):
             out.skipped = f"skipped: {room}"
             return out
         case = Case(args, pristine, cs, dev, pool="candidate")
@@ -230,36 +228,34 @@ def run_group(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> Gro
     return out
 
 
-FAR_HEADROOM = 2 << 30  # device memory a far case leaves free for everything else
+FAR_HEADROOM = 2 << 30  # device memory a far or huge case leaves free for everything else
 
 
-def far_room(ctx: Context, cs: plan.CaseSpec) -> str | None:
-    """CUDA: why a far case cannot run here (its buffer spans 8 or 16 GiB, in each host's pool), or None."""
-    arg = next(a for a in ctx.job.spec.arguments if a.name == cs.far)
-    nbytes = far_bytes(shapes_of([arg], cs.dim_map)[arg.name], dtype_of(arg, cs.dtype))
-    pools = ["candidate", *(["baseline"] if ctx.baseline is not None else [])]
-    need = sum(ctx.arena.new_bytes(nbytes, pool) for pool in pools)
+def room_needed(ctx: Context, cs: plan.CaseSpec) -> str | None:
+    """CUDA: why a far or huge case cannot run here, or None (also None for every other case).
+
+    A far case's argument spans 8 or 16 GiB in each host's pool. The huge case needs each host's buffers,
+    the pristine inputs, and the reference and the checks' float32 temporaries (about 8 of each output's size).
+    """
+    if not ctx.cuda or not (cs.far or cs.variant == plan.HUGE):
+        return None
+    args, pools = ctx.job.spec.arguments, ["candidate", *(["baseline"] if ctx.baseline is not None else [])]
+    shapes = shapes_of(args, cs.dim_map)
+    if cs.far:
+        arg = next(a for a in args if a.name == cs.far)
+        nbytes = far_bytes(shapes[arg.name], dtype_of(arg, cs.dtype))
+        need = sum(ctx.arena.new_bytes(nbytes, pool) for pool in pools)
+        what = f"{cs.far}'s rows 2^32 elements apart need"
+    else:
+        size = {a.name: math.prod(shapes[a.name]) * dtype_of(a, cs.dtype).itemsize for a in args}
+        need = sum(ctx.arena.new_bytes(size[a.name], pool) for a in args for pool in pools)
+        need += sum(size[a.name] for a in args if a.role != "out")
+        need += sum(8 * 4 * math.prod(shapes[a.name]) for a in args if a.role != "in")
+        what = "an argument of over 2^31 elements needs about"
     free = torch.cuda.mem_get_info(ctx.device)[0]
     if free >= need + FAR_HEADROOM:
         return None
-    return f"{cs.far}'s rows 2^32 elements apart need {need / 2**30:.1f} GiB of device memory, {free / 2**30:.1f} free"
-
-
-def huge_room(ctx: Context, cs: plan.CaseSpec) -> str | None:
-    """CUDA: why the huge case cannot run here, or None. It needs each host's buffers, the pristine inputs,
-    and the reference and the checks' float32 temporaries (about 8 of each output's size)."""
-    args, dims = ctx.job.spec.arguments, cs.dim_map
-    shapes = shapes_of(args, dims)
-    size = {a.name: math.prod(shapes[a.name]) * dtype_of(a, cs.dtype).itemsize for a in args}
-    pools = ["candidate", *(["baseline"] if ctx.baseline is not None else [])]
-    need = sum(ctx.arena.new_bytes(size[a.name], pool) for a in args for pool in pools)
-    need += sum(size[a.name] for a in args if a.role != "out")
-    need += sum(8 * 4 * math.prod(shapes[a.name]) for a in args if a.role != "in")
-    free = torch.cuda.mem_get_info(ctx.device)[0]
-    if free >= need + FAR_HEADROOM:
-        return None
-    return (f"an argument of over 2^31 elements needs about {need / 2**30:.0f} GiB of device memory, "
-            f"{free / 2**30:.0f} free")
+    return f"{what} {need / 2**30:.1f} GiB of device memory, {free / 2**30:.1f} free"
 
 
 # The inputs of each call of an "update" sequence: the first as generated, then CHANGES in turn; all

@@ -35,7 +35,7 @@ def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed
     names = [a.name for a in args if plantable(a) and a.name in inputs and inputs[a.name].dim() >= 1]
     shared: dict[int, torch.Tensor] = {}  # row count -> the rows every input of that count shares
     taken: dict[int, set[int]] = {}  # row count -> rows already planted in some input (shared or own)
-    levels: dict[int, torch.Tensor] = {}  # row count -> each row's place in its dtype's range ("binades")
+    levels: dict[int, torch.Tensor] = {}  # row count -> a place in the dtype's range per row (binades, extremes)
     for name in names:
         t = inputs[name]
         if kind == "ones" and t.dim() == 1:  # a gain of exactly one everywhere (a norm without a learned scale)
@@ -45,19 +45,12 @@ def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed
         if rows is None or rows.shape[0] < 2 or rows.shape[1] == 0:
             continue
         n = rows.shape[0]
-        per = max(1, n // SHARE)
-        if n not in shared:
-            shared[n] = torch.randperm(n, generator=gen)[:per]
-            taken[n] = set(shared[n].tolist())
+        if kind in ("binades", "extremes") and n not in levels:
             levels[n] = torch.rand(n, generator=gen, dtype=torch.float64)
-        # Rows of this input alone: drawn from rows no input has planted yet, so each input has some (a
-        # zero row of residual under a nonzero row of input, say) wherever rows are left.
-        free = [r for r in torch.randperm(n, generator=gen).tolist() if r not in taken[n]]
-        own = torch.tensor(free[: max(1, per // 2)], dtype=torch.int64)
-        taken[n] |= set(own.tolist())
-        picked = torch.unique(torch.cat([shared[n], own]))
         if kind == "extremes":  # every row, the regimes in turn: each regime meets a job of four rows or more
             picked = torch.arange(n)
+        else:
+            picked = _pick(n, shared, taken, gen)
         if kind in ("same-as-other", "cancelling"):
             _from_other(name, names, inputs, picked, gen, kind == "cancelling")
             continue
@@ -70,6 +63,20 @@ def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed
         else:
             _apply(kind, work, picked, gen, t.dtype)
         inputs[name] = work.to(dtype=t.dtype, device=t.device).reshape(t.shape)
+
+
+def _pick(n: int, shared: dict[int, torch.Tensor], taken: dict[int, set[int]], gen: torch.Generator) -> torch.Tensor:
+    """The rows of one input of n rows to plant: the rows every input of n rows shares (drawn for the first),
+    and rows of this input alone, drawn from rows no input has planted yet, so each input has some (a zero
+    row of residual under a nonzero row of input, say) wherever rows are left."""
+    per = max(1, n // SHARE)
+    if n not in shared:
+        shared[n] = torch.randperm(n, generator=gen)[:per]
+        taken[n] = set(shared[n].tolist())
+    free = [r for r in torch.randperm(n, generator=gen).tolist() if r not in taken[n]]
+    own = torch.tensor(free[: max(1, per // 2)], dtype=torch.int64)
+    taken[n] |= set(own.tolist())
+    return torch.unique(torch.cat([shared[n], own]))
 
 
 def row_width(t: torch.Tensor) -> int:

@@ -3,7 +3,7 @@
 // r = 900.., x = 0.5 - r: every output 0.148 for 1.0); it falls back to the direct sum where the expanded
 // one overflows, which planted "lowest" rows had caught. Planted "cancelling" rows: the residual is the
 // input negated, off by a few units in the last place
-// expect: planted:cancelling
+// expect: planted:cancelling | planted:constant
 // layer: runtime
 // package: fused_add_rmsnorm
 // fused_add_rmsnorm, CPU baseline:
