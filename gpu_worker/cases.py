@@ -105,7 +105,8 @@ class Buffer:
         size = dtype.itemsize
         unit = GUARD_BYTES // size  # elements in one alignment unit
         g = unit if guards else 0
-        self.windows: list[tuple[torch.Tensor, torch.Tensor]] = []  # (poisoned storage, where it lies outside)
+        # (poisoned storage outside the view, and where in it the outside lies; None: all of it)
+        self.windows: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         if far:
             self._far(shape, dtype, device, pool, name, g, unit)
             return
@@ -137,10 +138,12 @@ class Buffer:
         inner = self.storage[start : start + n].view(phys)
         within = tuple(slice(0, s) for s in shape)
         self.view = inner.transpose(0, 1) if transposed or swapped else inner[within] if padded else inner
-        if lead or tail or padded or offset:
+        if padded:  # the padding lies between the view's rows: a mask over the whole storage
             outside = torch.ones(self.storage.shape, dtype=torch.bool, device=device)
-            outside[start : start + n].view(phys)[within if padded else ...] = False
+            outside[start : start + n].view(phys)[within] = False
             self.windows.append((self.storage, outside))
+        else:  # the view fills [start, start + n): the guards and the offset lie before and after it
+            self.windows += [(w, None) for w in (self.storage[:start], self.storage[start + n :]) if w.numel()]
 
     def _far(self, shape: list[int], dtype: torch.dtype, device: str, pool: str, name: str, g: int, unit: int) -> None:
         rows, inner = shape[0], math.prod(shape[1:])
@@ -162,15 +165,17 @@ class Buffer:
         rows_after = self.storage.as_strided((rows - 1, inner + g), (stride, 1), at)
         last = self.storage[lead + n - inner:]
         head = self.storage[:lead]
-        for piece, body in ((rows_after, inner), (last, inner), (head, 0)):
+        for piece in (rows_after, last, head):
             poison(piece)
-            outside = torch.ones(piece.shape, dtype=torch.bool, device=device)
-            outside[..., :body] = False
-            self.windows.append((piece, outside))
+        self.windows += [(w, None) for w in (rows_after[:, inner:], last[inner:], head) if w.numel()]
 
     def damage(self) -> int:
         """Elements outside the view whose poison was overwritten (out-of-bounds writes)."""
-        return sum(int((outside & ~poison_mask(piece)).sum()) for piece, outside in self.windows)
+        n = 0
+        for piece, outside in self.windows:
+            changed = ~poison_mask(piece)
+            n += int(torch.count_nonzero(changed if outside is None else changed & outside))
+        return n
 
 
 def far_stride(shape: list[int]) -> int:
