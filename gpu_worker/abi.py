@@ -38,9 +38,11 @@ class PackageFault(Exception):
 class Packed:
     """The argument array of one call, built once so the timed region holds only the call."""
 
-    def __init__(self, tensors: list[torch.Tensor]) -> None:
+    def __init__(self, tensors: list[torch.Tensor], readonly: list[bool] | None = None) -> None:
         self.n = len(tensors)
         self.tensors = tensors  # kept alive with the array of their pointers
+        # Per tensor: an input the kernel must not write (a CPU kernel host maps its memory read-only).
+        self.readonly = readonly or [False] * self.n
         self.array = (KoptTensor * self.n)()
         self._keep = []  # shape/stride arrays must outlive the calls
         for i, t in enumerate(tensors):

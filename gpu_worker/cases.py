@@ -22,7 +22,7 @@ import torch
 
 from gpu_worker import planted
 from gpu_worker.abi import Packed
-from gpu_worker.plan import CaseSpec
+from gpu_worker.plan import CaseSpec, alias_pairs
 from kopt import expr
 from kopt.models import Argument
 from kopt.package import is_integer, value_range
@@ -82,6 +82,7 @@ def poison_mask(t: torch.Tensor) -> torch.Tensor:
 # kernel-visible buffer lives; set by Context. Pristine inputs and references stay in the judge's
 # private memory.
 ARENA = None
+READONLY_INPUTS = True  # a CPU kernel host maps the memory of inputs read-only (False: locate_fault's probe)
 
 
 class Buffer:
@@ -94,14 +95,17 @@ class Buffer:
     not the product of the inner ones); `offset` elements between the aligned start and the view (a view
     with a storage offset: its base is not 16-byte aligned); `transposed` (2-D): the storage holds the
     transpose, so the view's inner stride is its row count; `swapped` (3-D): the first two dimensions
-    are swapped in storage ([heads, T, D] seen as [T, heads, D]), the inner stride stays 1; `far`: the
+    are swapped in storage ([heads, T, D] seen as [T, heads, D]), the inner stride stays 1; `decoy` (3-D):
+    [B, A, B * C] in storage seen as [A, B, C], whose outer stride is the dense one and whose middle one is
+    not; `interleaved`: every other element of a tensor twice as wide (inner stride 2); `far`: the
     outer dimension's stride is far_stride(shape) and the rest dense, so the view spans 2^32 elements or
     more, of which only the rows and a guard after each are poisoned and checked (the gaps between them
     are never touched: on CPU the arena's pages there stay unallocated)."""
 
     def __init__(self, shape: list[int], dtype: torch.dtype, device: str, row_pad: int = 0, guards: bool = True,
                  pool: str = "shared", name: str = "", offset: int = 0, transposed: bool = False,
-                 plane_pad: int = 0, swapped: bool = False, far: bool = False):  # fmt: skip
+                 plane_pad: int = 0, swapped: bool = False, far: bool = False, interleaved: bool = False,
+                 decoy: bool = False):  # fmt: skip
         size = dtype.itemsize
         unit = GUARD_BYTES // size  # elements in one alignment unit
         g = unit if guards else 0
@@ -114,11 +118,21 @@ class Buffer:
         plane_pad = plane_pad if len(shape) >= 3 else 0
         transposed = transposed and len(shape) == 2 and not row_pad
         swapped = swapped and len(shape) == 3 and not row_pad
+        decoy = decoy and len(shape) == 3 and not row_pad
+        interleaved = interleaved and len(shape) >= 1 and not (row_pad or plane_pad)
         padded = bool(row_pad or plane_pad)
-        if transposed or swapped:
+        pick: tuple | None = None  # the view's elements within the storage where gaps lie between them
+        if decoy:  # [B, A, B * C] in storage, seen as [A, B, C]: strides (B * C, A * B * C, 1)
+            phys = [shape[1], shape[0], shape[1] * shape[2]]
+            pick = (slice(None), slice(None), slice(0, shape[2]))
+        elif transposed or swapped:
             phys = [shape[1], shape[0], *shape[2:]]
+        elif interleaved:  # every other element: the inner stride is 2
+            phys = [*shape[:-1], 2 * shape[-1]]
+            pick = (..., slice(None, None, 2))
         elif padded:  # the last dimension padded by row_pad, the middle ones by plane_pad
             phys = [shape[0], *(s + plane_pad for s in shape[1:-1]), shape[-1] + row_pad]
+            pick = tuple(slice(0, s) for s in shape)
         else:
             phys = list(shape)
         n = math.prod(phys)
@@ -136,11 +150,11 @@ class Buffer:
         poison(self.storage)
         start = lead + offset
         inner = self.storage[start : start + n].view(phys)
-        within = tuple(slice(0, s) for s in shape)
-        self.view = inner.transpose(0, 1) if transposed or swapped else inner[within] if padded else inner
-        if padded:  # the padding lies between the view's rows: a mask over the whole storage
+        picked = inner[pick] if pick is not None else inner
+        self.view = picked.transpose(0, 1) if transposed or swapped or decoy else picked
+        if pick is not None:  # gaps lie between the view's elements: a mask over the whole storage
             outside = torch.ones(self.storage.shape, dtype=torch.bool, device=device)
-            outside[start : start + n].view(phys)[within] = False
+            outside[start : start + n].view(phys)[pick] = False
             self.windows.append((self.storage, outside))
         else:  # the view fills [start, start + n): the guards and the offset lie before and after it
             self.windows += [(w, None) for w in (self.storage[:start], self.storage[start + n :]) if w.numel()]
@@ -254,7 +268,17 @@ def generate(ref: ModuleType, args: list[Argument], cs: CaseSpec, seed: int, dev
             planted.plant(cs.plant, args, out, seed)
         except Exception as exc:  # noqa: BLE001 - the harness's own code: never the package's fault
             raise HarnessBug(f"planting {cs.plant!r}: {type(exc).__name__}: {exc}") from exc
+    if (pair := aliased(args, cs, shapes)) is not None:  # one buffer for both: the same values
+        out[pair[1]] = out[pair[0]]
     return out
+
+
+def aliased(args: list[Argument], cs: CaseSpec, shapes: dict[str, list[int]]) -> tuple[str, str] | None:
+    """The "alias" layout's pair (the case's turn picks it): both arguments one buffer. A merge that took
+    v_a and v_b at one address for a merge of a state with itself, and so skipped s_a == s_b, passed
+    every other check (red team, 2026-11-27)."""
+    pairs = alias_pairs(args, shapes) if cs.layout == "alias" else []
+    return pairs[cs.turn % len(pairs)] if pairs else None
 
 
 def draw_integers(arg: Argument, shape: list[int], dims: dict[str, int], seed: int, device: str) -> torch.Tensor:
@@ -285,6 +309,13 @@ def plane_pad(cs: CaseSpec) -> int:
     return 1 if cs.row_pad or cs.layout in ("mixed", "planes") else 0
 
 
+def interleaves(cs: CaseSpec, index: int) -> bool:
+    """Whether argument `index` is interleaved (plan.LAYOUTS): every other argument, from the first or, by
+    the case's turn or the "interleaved-odd" layout, the second."""
+    odd = cs.turn + (cs.layout == "interleaved-odd")
+    return cs.layout in ("interleaved", "interleaved-odd") and (index + odd) % 2 == 0
+
+
 def layout_pad(cs: CaseSpec, index: int) -> int:
     """The row padding of argument `index` in a case: the case's own, or the mixed layout's."""
     if cs.layout == "mixed":
@@ -308,16 +339,21 @@ class Case:
             a.name: Buffer(shapes[a.name], dtype_of(a, cs.dtype), device, layout_pad(cs, i), guards, pool, a.name,
                            offset=LAYOUT_OFFSETS[(cs.turn + i) % len(LAYOUT_OFFSETS)] if cs.layout == "offset" else 0,
                            transposed=cs.layout == "transposed", plane_pad=plane_pad(cs),
-                           swapped=cs.layout == "heads-major", far=cs.far == a.name)
+                           swapped=cs.layout == "heads-major", far=cs.far == a.name,
+                           interleaved=interleaves(cs, i),
+                           decoy=cs.layout == "decoy")
             for i, a in enumerate(args)
         }  # fmt: skip
+        if (pair := aliased(args, cs, shapes)) is not None:
+            self.buffers[pair[1]] = self.buffers[pair[0]]
         self.tensors = {name: b.view for name, b in self.buffers.items()}
         for arg in args:
             if arg.role == "in":
                 self.tensors[arg.name].copy_(pristine[arg.name])
         self.refresh()
         check_no_overlap(self.tensors)
-        self.packed = Packed([self.tensors[a.name] for a in args])
+        readonly = [READONLY_INPUTS and a.role == "in" for a in args]  # a CPU host maps these read-only
+        self.packed = Packed([self.tensors[a.name] for a in args], readonly=readonly)
 
     def refresh(self) -> None:
         """Poison outputs (or fill them as the case says) and restore inout args, so each call must do
@@ -386,10 +422,11 @@ class Refresher:
 
 def check_no_overlap(tensors: dict[str, torch.Tensor]) -> None:
     """The harness never hands a kernel outputs that alias inputs (or each other)."""
-    spans = []
+    spans, seen = [], set()
     for name, t in tensors.items():
-        if t.numel() == 0:
+        if t.numel() == 0 or (t.data_ptr(), t.shape, t.stride()) in seen:  # one buffer for two inputs ("alias")
             continue
+        seen.add((t.data_ptr(), t.shape, t.stride()))
         lo = t.data_ptr()
         hi = lo + (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size()
         spans.append((lo, hi, name))

@@ -52,6 +52,7 @@ class Context:
             self.arena = Arena(arena_bytes(job.memory_limit_mb))
         self.arena.fence_only = job.fence_only
         cases.ARENA = self.arena
+        cases.READONLY_INPUTS = not job.writable_inputs
         # Both kernel hosts start first: their process and CUDA-context start-ups overlap with each
         # other and with this process's own (load_kernels waits for them).
         try:

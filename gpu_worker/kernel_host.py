@@ -71,7 +71,7 @@ class Hello:
 
 
 PACK_HEAD = struct.Struct("<IH")
-TENSOR_HEAD = struct.Struct("<QiiQQ")
+TENSOR_HEAD = struct.Struct("<QiiQQi")  # where, dtype, ndim, allocation (offset, bytes), writable
 CALL = struct.Struct("<I")
 REPLY = struct.Struct("<iqi")
 SEGMENT = struct.Struct("<IQ")
@@ -85,7 +85,7 @@ PAGE = mmap.PAGESIZE
 # A reply's status when the call left the thread's floating-point mode changed (CUresults are >= 0);
 # rc and ns then carry the mode before and after (FpMode.read).
 FP_MODE_CHANGED = -1
-PROT_NONE, PROT_RW = 0, mmap.PROT_READ | mmap.PROT_WRITE
+PROT_NONE, PROT_RO, PROT_RW = 0, mmap.PROT_READ, mmap.PROT_READ | mmap.PROT_WRITE
 
 
 class KoptTensor(ctypes.Structure):
@@ -107,16 +107,16 @@ def missing_entry(role: str, entry: str) -> str:
 
 
 def decode_pack(body: bytes, segments: dict[int, tuple[int, int]]) -> tuple[int, object, list, list]:
-    """(pack id, KoptTensor array, arrays to keep alive, (segment, offset, bytes) of each tensor's allocation)
-    from a P message; `segments` maps a segment id to (base address here, bytes). Raises ValueError on
-    anything outside them or malformed."""
+    """(pack id, KoptTensor array, arrays to keep alive, (segment, offset, bytes, writable) of each tensor's
+    allocation) from a P message; `segments` maps a segment id to (base address here, bytes). Raises
+    ValueError on anything outside them or malformed."""
     pack_id, n = PACK_HEAD.unpack_from(body, 0)
     at = PACK_HEAD.size
     array = (KoptTensor * n)()
     keep: list = []
     spans: list[tuple[int, int, int]] = []
     for i in range(n):
-        where, dtype, ndim, open_from, open_bytes = TENSOR_HEAD.unpack_from(body, at)
+        where, dtype, ndim, open_from, open_bytes, writable = TENSOR_HEAD.unpack_from(body, at)
         at += TENSOR_HEAD.size
         base, size = segments.get(where >> SEGMENT_SHIFT, (0, -1))
         offset = where & ((1 << SEGMENT_SHIFT) - 1)
@@ -132,7 +132,7 @@ def decode_pack(body: bytes, segments: dict[int, tuple[int, int]]) -> tuple[int,
                 open_from, open_bytes = offset, extent
             if min(dims, default=1) < 0 or not open_from <= offset <= offset + extent <= open_from + open_bytes <= size:
                 raise ValueError("malformed pack")
-            spans.append((where >> SEGMENT_SHIFT, open_from, open_bytes))
+            spans.append((where >> SEGMENT_SHIFT, open_from, open_bytes, bool(writable)))
         shape = (ctypes.c_int64 * ndim)(*dims[:ndim])
         strides = (ctypes.c_int64 * ndim)(*dims[ndim:])
         keep += [shape, strides]
@@ -142,10 +142,13 @@ def decode_pack(body: bytes, segments: dict[int, tuple[int, int]]) -> tuple[int,
 
 class CpuPages:
     """CPU: the arena mapped with no access; the pages of each allocation a registered pack's tensors lie
-    in are opened read-write (counted: packs may share a buffer) and closed again when the last pack
-    using it is forgotten. The judge forgets a pack before the memory under it is used again. Spans are
-    whole allocations (remote.Arena.allocation): page-aligned, and two of them either the same or apart,
-    so one count each does (a "far" buffer's allocation spans gigabytes: one mprotect, not a page list)."""
+    in are opened (counted: packs may share a buffer) and closed again when the last pack using it is
+    forgotten. An allocation only inputs use is opened read-only: a kernel that writes an input and
+    restores it before returning (wrong for a caller whose input is read-only memory or is read by another
+    thread meanwhile) faults (red team, 2026-11-27). The judge forgets a pack before the memory under it is
+    used again. Spans are whole allocations (remote.Arena.allocation): page-aligned, and two of them either
+    the same or apart, so one count each does (a "far" buffer's allocation spans gigabytes: one mprotect,
+    not a page list)."""
 
     def __init__(self, fd: int, size: int) -> None:
         self.libc = ctypes.CDLL(None, use_errno=True)
@@ -158,6 +161,7 @@ class CpuPages:
             raise OSError(ctypes.get_errno(), "mmap of the buffer arena failed")
         self.base, self.size = base, size
         self.count: dict[tuple[int, int], int] = {}  # (offset, bytes) of an allocation -> packs using it
+        self.writers: dict[tuple[int, int], int] = {}  # ... -> packs that write it (an output in it)
 
     def _protect(self, span: tuple[int, int], prot: int) -> None:
         off, n = span
@@ -165,24 +169,32 @@ class CpuPages:
         if self.libc.mprotect(self.base + first, -(-(off + n) // PAGE) * PAGE - first, prot):
             raise OSError(ctypes.get_errno(), "mprotect of the buffer arena failed")
 
-    def open(self, spans: list[tuple[int, int, int]]) -> None:
-        for span in {(off, n) for _, off, n in spans}:
-            self.count[span] = self.count.get(span, 0) + 1
-            if self.count[span] == 1:
-                self._protect(span, PROT_RW)
+    def _prot(self, span: tuple[int, int]) -> int:
+        return PROT_NONE if span not in self.count else PROT_RW if self.writers.get(span) else PROT_RO
 
-    def close(self, spans: list[tuple[int, int, int]]) -> None:
-        for span in {(off, n) for _, off, n in spans}:
-            self.count[span] -= 1
-            if not self.count[span]:
-                del self.count[span]
-                self._protect(span, PROT_NONE)
+    def _apply(self, spans: list[tuple[int, int, int, bool]], step: int) -> None:
+        written = {(off, n) for _, off, n, w in spans if w}
+        for span in {(off, n) for _, off, n, _ in spans}:
+            before = self._prot(span)
+            for table, counted in ((self.count, True), (self.writers, span in written)):
+                if counted:
+                    table[span] = table.get(span, 0) + step
+                    if not table[span]:
+                        del table[span]
+            if self._prot(span) != before:
+                self._protect(span, self._prot(span))
+
+    def open(self, spans: list[tuple[int, int, int, bool]]) -> None:
+        self._apply(spans, 1)
+
+    def close(self, spans: list[tuple[int, int, int, bool]]) -> None:
+        self._apply(spans, -1)
 
 
 class NoPages:
     """CUDA: a host maps only the segments its packs use, whole (remote.CudaArena)."""
 
-    def open(self, spans: list[tuple[int, int, int]]) -> None:
+    def open(self, spans: list[tuple[int, int, int, bool]]) -> None:
         pass
 
     close = open

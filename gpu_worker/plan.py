@@ -32,10 +32,16 @@ ROW_PAD = 8  # elements of padding per row in the strided variant (keeps 16-byte
 # Where an argument is 3-D: "planes", every 3-D argument with dense rows and a spare row per plane (some
 # heads of a wider tensor: the outer stride is not the product of the inner ones; padded 3-D arguments
 # of the other layouts get one too), the others dense; "heads-major", every 3-D argument's first two
-# dimensions swapped in storage ([T, NH, D] of an [NH, T, D] tensor), the others dense.
+# dimensions swapped in storage ([T, NH, D] of an [NH, T, D] tensor), the others dense; "decoy", every
+# 3-D argument [A, B, C] in [B, A, B * C] storage: its outer stride is the dense one (B * C), its middle one
+# is not (a kernel that checks only the outer stride for a dense fast path reads wrong: red team,
+# 2026-11-27). "interleaved": every other argument (the first, third... or by the turn the second,
+# fourth...) every other element of a wider tensor (inner stride 2; a baseline that needs dense rows of its
+# values may still take strided scales), and at each one-row edge shape both ways ("interleaved" and
+# "interleaved-odd": a decode fast path at T = 1 that ignored the strides, red team 2026-11-27).
 # Each applies where the baseline takes it (a kernel that needs dense rows refuses, and it is skipped).
-LAYOUTS = ("mixed", "offset", "transposed", "planes", "heads-major")
-LAYOUTS_3D = ("planes", "heads-major")  # only where an argument has 3 dimensions
+LAYOUTS = ("mixed", "offset", "transposed", "planes", "heads-major", "decoy", "interleaved")
+LAYOUTS_3D = ("planes", "heads-major", "decoy")  # only where an argument has 3 dimensions
 # Input classes the harness plants (gpu_worker/planted.py), each a variant group at one shape.
 # A call in a float dtype the package does not declare: where the baseline takes it, or a candidate does
 # though the baseline refuses it, the result must be right (silu_and_mul's CPU baseline computes float32
@@ -115,6 +121,14 @@ class Group:
 
 def arg_shapes(spec: KernelSpec, dims: dict[str, int]) -> list[list[int]]:
     return [[int(expr.evaluate(d, dims)) for d in arg.shape] for arg in spec.arguments]
+
+
+def alias_pairs(args: list[Argument], shapes: dict[str, list[int]]) -> list[tuple[str, str]]:
+    """Pairs of `in` arguments of one shape and dtype, which a caller may pass as one buffer (the ABI
+    forbids only an output overlapping another argument): the "alias" layout's (cases.aliased)."""
+    ins = [a for a in args if a.role == "in" and shapes[a.name] and math.prod(shapes[a.name])]
+    return [(a.name, b.name) for i, a in enumerate(ins) for b in ins[i + 1 :]
+            if shapes[a.name] == shapes[b.name] and a.dtype == b.dtype]  # fmt: skip
 
 
 def elements(spec: KernelSpec, dims: dict[str, int]) -> int:
@@ -279,10 +293,14 @@ def test_plan(
             groups.append(Group(shape.label, dtype, v, False, [CaseSpec(tuple(shape.dims.items()), dtype, v, 0,
                                                                         **extra)]))  # fmt: skip
     if edge:
-        for dims in edge_shapes(spec, shapes, target):
+        for i, dims in enumerate(edge_shapes(spec, shapes, target)):
             for dtype in dtypes:
                 case = CaseSpec(tuple(dims.items()), dtype, "edge", 0)
                 groups.append(Group(label(dims), dtype, "edge", False, [case]))
+            if 1 in dims.values() and dtypes:  # a one-row (or one-head...) shape: interleaved, both halves in turn
+                for kind in ("layout:interleaved", "layout:interleaved-odd"):
+                    groups.append(layout_group(label(dims), tuple(dims.items()), dtypes[(turn + i) % len(dtypes)],
+                                               kind))  # fmt: skip
     for i, dims in enumerate(sizes or []):  # the declared sizes, one dtype each in turn (there are many)
         if dtypes:
             dtype = dtypes[(turn + i) % len(dtypes)]
@@ -322,6 +340,12 @@ def test_plan(
             if dtypes:
                 kind, dtype = kinds[(turn + i) % len(kinds)], dtypes[(turn + i + 1) % len(dtypes)]
                 groups.append(layout_group(label(dims), tuple(dims.items()), dtype, kind, turn + i))
+    if base is not None and dtypes:  # two inputs of one shape and dtype as one buffer, each such pair in turn
+        shapes_at = dict(zip((a.name for a in spec.arguments), arg_shapes(spec, base.dims)))
+        for i, (a, b) in enumerate(alias_pairs(spec.arguments, shapes_at)):
+            dtype, v = dtypes[(turn + i) % len(dtypes)], f"alias:{a}={b}"
+            groups.append(Group(base.label, dtype, v, False, [CaseSpec(tuple(base.dims.items()), dtype, v, 0,
+                                                                       layout="alias", turn=i)]))  # fmt: skip
     if base is not None and dtypes:  # last: a kernel that ignores strides fails the layouts above by name
         for i, arg in enumerate(a for a in spec.arguments if far_applies(a, base.dims)):
             dtype = dtypes[(turn + i) % len(dtypes)]

@@ -73,6 +73,7 @@ class HarnessJob(BaseModel):
     # ("": every argument with room).
     only_group: str | None = None
     fence_only: str | None = None
+    writable_inputs: bool = False  # locate_fault's probe: a CPU host maps inputs writable (else read-only)
 
 
 # How the judge words the death of a kernel host (remote.py); the parent then adds the log's tail

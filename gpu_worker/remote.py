@@ -714,11 +714,11 @@ class RemoteKernel:
         RemoteKernel._ids += 1
         pack_id = RemoteKernel._ids
         body = [Op.PACK, PACK_HEAD.pack(pack_id, packed.n)]
-        for t in packed.tensors:
+        for t, readonly in zip(packed.tensors, packed.readonly):
             extent = (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size() if t.numel() else 0
             where = self.arena.offset_of(t.data_ptr(), extent) if t.numel() else EMPTY
             span = self.arena.allocation(where, extent) if t.numel() else (0, 0)
-            body.append(TENSOR_HEAD.pack(where, KOPT_DTYPES[t.dtype], t.dim(), *span))
+            body.append(TENSOR_HEAD.pack(where, KOPT_DTYPES[t.dtype], t.dim(), *span, not readonly))
             body.append(struct.pack(f"<{2 * t.dim()}q", *t.shape, *t.stride()))
         used = {self.arena.offset_of(t.data_ptr(), 1) >> SEGMENT_SHIFT for t in packed.tensors if t.numel()}
         for seg, size, fd in self.arena.segments():  # the device segments this pack uses, new to the host, first

@@ -91,13 +91,17 @@ async def locate_fault(job: HarnessJob, group: str, timeout_s: float, heartbeat:
     placed against unmapped memory (docs/decisions/0029-buffers-against-unmapped-memory.md). A
     sentence for the verdict."""
 
-    async def faults(fence_only: str) -> bool:
+    async def faults(fence_only: str, writable_inputs: bool = False) -> bool:
         probe = job.model_copy(update={"only_group": group, "fence_only": fence_only, "baseline_library": None,
-                                       "resume": []})  # fmt: skip
+                                       "resume": [], "writable_inputs": writable_inputs})  # fmt: skip
         found = await _run(probe, min(timeout_s, LOCATE_TIMEOUT_S), heartbeat)
         return isinstance(found, TestResult) and found.fault_group is not None
 
     if await faults(""):
+        if job.target == "cpu" and not await faults("", writable_inputs=True):
+            return ("it writes an input: the call does not fault with its inputs writable (a kernel sees its inputs "
+                    "as read-only memory; one that writes an input, even to put it back before returning, is wrong "
+                    "where the caller's input is read-only or read by another thread meanwhile)")  # fmt: skip
         return ("it faults with every argument given room around it too: an access far outside its buffers "
                 "(a stray pointer), not an overrun of one")  # fmt: skip
     hits = [arg.name for arg in job.spec.arguments if await faults(arg.name)]

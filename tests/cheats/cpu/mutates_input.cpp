@@ -1,6 +1,6 @@
 // cheat: mutates its input: uses the gate half of x as scratch space after computing the output
-// expect: input modified
-// layer: runtime
+// expect: input modified | it writes an input
+// layer: fault
 #include <cmath>
 #include <cstdint>
 #include <cstring>
