@@ -42,6 +42,7 @@ ROW_PAD = 8  # elements of padding per row in the strided variant (keeps 16-byte
 # Each applies where the baseline takes it (a kernel that needs dense rows refuses, and it is skipped).
 LAYOUTS = ("mixed", "offset", "transposed", "planes", "heads-major", "decoy", "interleaved")
 LAYOUTS_3D = ("planes", "heads-major", "decoy")  # only where an argument has 3 dimensions
+EDGE_LAYOUTS = ("interleaved", "interleaved-odd")  # at each edge shape with a symbol at 1
 # Input classes the harness plants (gpu_worker/planted.py), each a variant group at one shape.
 # A call in a float dtype the package does not declare: where the baseline takes it, or a candidate does
 # though the baseline refuses it, the result must be right (silu_and_mul's CPU baseline computes float32
@@ -298,7 +299,7 @@ def test_plan(
                 case = CaseSpec(tuple(dims.items()), dtype, "edge", 0)
                 groups.append(Group(label(dims), dtype, "edge", False, [case]))
             if 1 in dims.values() and dtypes:  # a one-row (or one-head...) shape: interleaved, both halves in turn
-                for kind in ("layout:interleaved", "layout:interleaved-odd"):
+                for kind in (f"layout:{name}" for name in EDGE_LAYOUTS):
                     groups.append(layout_group(label(dims), tuple(dims.items()), dtypes[(turn + i) % len(dtypes)],
                                                kind))  # fmt: skip
     for i, dims in enumerate(sizes or []):  # the declared sizes, one dtype each in turn (there are many)

@@ -206,7 +206,7 @@ def test_silu_baseline_passes_its_own_calibrated_checks(cpu_outcomes):
     checks = result.checks + result.variant_checks
     planted = {f"planted:{k}" for k in plan.PLANTED_KINDS}
     fills = {f"fill:{f}" for f in plan.OUTPUT_FILLS}
-    layouts = {f"layout:{lay}" for lay in plan.LAYOUTS if lay not in plan.LAYOUTS_3D}  # silu's arguments are 2-D
+    layouts = {f"layout:{lay}" for lay in plan.LAYOUTS + plan.EDGE_LAYOUTS if lay not in plan.LAYOUTS_3D}  # silu: 2-D
     assert {c.variant for c in result.variant_checks} == {"x0.01", "x100", "edge", "strided", "special", "fuzz",
                                                           "size", "residue", "update", "repeat", "burst", *planted,
                                                           *fills, *layouts, "dtype:float32", "far:x", "far:out"}  # fmt: skip

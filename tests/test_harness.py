@@ -88,8 +88,7 @@ def test_edge_shapes_come_from_the_declared_ones():
     assert [g.variant for g in groups[:3]] == ["", "x0.01", "x100"] and len(groups[0].cases) == 2
     planted = {f"planted:{k}" for k in plan.PLANTED_KINDS}
     fills = {f"fill:{f}" for f in plan.OUTPUT_FILLS}
-    layouts = {f"layout:{lay}" for lay in plan.LAYOUTS if lay not in plan.LAYOUTS_3D}  # silu's arguments are 2-D
-    layouts.add("layout:interleaved-odd")  # at the one-row edge shapes
+    layouts = {f"layout:{lay}" for lay in plan.LAYOUTS + plan.EDGE_LAYOUTS if lay not in plan.LAYOUTS_3D}  # silu: 2-D
     assert {g.variant for g in groups} == {"", "x0.01", "x100", "edge", "strided", "update", "repeat", "burst", *planted,
                                            *fills, *layouts, "dtype:float32", "dtype:bfloat16", "far:x",
                                            "far:out"}  # fmt: skip
