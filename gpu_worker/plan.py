@@ -302,15 +302,12 @@ def test_plan(
                 for kind in (f"layout:{name}" for name in EDGE_LAYOUTS):
                     groups.append(layout_group(label(dims), tuple(dims.items()), dtypes[(turn + i) % len(dtypes)],
                                                kind))  # fmt: skip
-    for i, dims in enumerate(sizes or []):  # the declared sizes, one dtype each in turn (there are many)
-        if dtypes:
-            dtype = dtypes[(turn + i) % len(dtypes)]
-            groups.append(Group(label(dims), dtype, "size", False, [CaseSpec(tuple(dims.items()), dtype, "size", 0)]))
-    for i, dims in enumerate(residues or []):
-        if dtypes:
-            dtype = dtypes[(turn + i) % len(dtypes)]
-            groups.append(Group(label(dims), dtype, "residue", False, [CaseSpec(tuple(dims.items()), dtype, "residue",
-                                                                                0)]))  # fmt: skip
+    for variant, drawn in (("size", sizes), ("residue", residues)):  # one dtype each in turn (there are many)
+        for i, dims in enumerate(drawn or []):
+            if dtypes:
+                dtype = dtypes[(turn + i) % len(dtypes)]
+                groups.append(Group(label(dims), dtype, variant, False, [CaseSpec(tuple(dims.items()), dtype, variant,
+                                                                                  0)]))  # fmt: skip
     for dims in fuzz or []:
         for dtype in dtypes:
             groups.append(Group(label(dims), dtype, "fuzz", False, [CaseSpec(tuple(dims.items()), dtype, "fuzz", 0)]))

@@ -46,7 +46,7 @@ def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed
             continue
         n = rows.shape[0]
         if kind in ("binades", "extremes") and n not in levels:
-            levels[n] = torch.rand(n, generator=gen, dtype=torch.float64)
+            levels[n] = _levels(kind, n, gen)
         if kind == "extremes":  # every row, the regimes in turn: each regime meets a job of four rows or more
             picked = torch.arange(n)
         else:
@@ -59,10 +59,19 @@ def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed
         if kind == "binades":
             _binades(work, picked, levels[n][picked], gen, t.dtype)
         elif kind == "extremes":
-            _extremes(work, picked, ((picked + int(levels[n][0] * 4)) % 4 + 0.5).double() / 4, gen, t.dtype)
+            _extremes(work, picked, levels[n][picked], gen, t.dtype)
         else:
             _apply(kind, work, picked, gen, t.dtype)
         inputs[name] = work.to(dtype=t.dtype, device=t.device).reshape(t.shape)
+
+
+def _levels(kind: str, n: int, gen: torch.Generator) -> torch.Tensor:
+    """Each of n rows' place in [0, 1) of its dtype's range, the same in every input of n rows: at random
+    ("binades"), or the four regimes in turn by row from a seeded start ("extremes")."""
+    if kind == "binades":
+        return torch.rand(n, generator=gen, dtype=torch.float64)
+    start = int(torch.randint(0, 4, (1,), generator=gen))
+    return ((torch.arange(n) + start) % 4 + 0.5).double() / 4
 
 
 def _pick(n: int, shared: dict[int, torch.Tensor], taken: dict[int, set[int]], gen: torch.Generator) -> torch.Tensor:
