@@ -471,7 +471,7 @@ async def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             raise UsageError(f"unknown target {args.target!r}; use cpu or cuda")
         plan.exec_target = args.target
         if args.target == "cuda":
-            gpus = {idx: cls for idx, _name, cls in local_gpus()}
+            gpus = {g.index: g.gpu_class for g in local_gpus()}
             if args.gpu_index not in gpus:
                 raise UsageError(f"no local GPU with index {args.gpu_index} (found {sorted(gpus) or 'none'})")
             plan.gpu_index, plan.gpu_class = args.gpu_index, args.gpu_class or gpus[args.gpu_index]

@@ -85,6 +85,33 @@ def test_candidates_default_to_two_slots_a_gpu_offline_and_one_in_lockstep(tmp_p
     assert candidates(target="cpu") == (1, False)
 
 
+def fake_nvidia_smi(tmp_path) -> str:
+    """A PATH whose nvidia-smi lists two H100s (indices 0, 1) and an H200 (2)."""
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n[ \"$1\" = --query-gpu=index,name,uuid ] || exit 9\n"
+                    "echo '0, NVIDIA H100 80GB HBM3, GPU-aaaa-0000'\necho '1, NVIDIA H100 80GB HBM3, GPU-bbbb-1111'\n"
+                    "echo '2, NVIDIA H200, GPU-cccc-2222'\n")  # fmt: skip
+    fake.chmod(0o755)
+    return f"{fake.parent}:/usr/bin:/bin"
+
+
+def test_a_cuda_exec_worker_checks_its_gpu_index_and_class(tmp_path):
+    """`kopt worker --role exec --target cuda` once failed on every GPU host ("too many values to unpack"),
+    when the GPU list gained a UUID column; CI has no GPU, so a fake nvidia-smi stands in. Each wrong
+    index or class is a one-line usage error before any server starts."""
+    from tests.test_frontend import kopt
+
+    path = fake_nvidia_smi(tmp_path)
+    home = tmp_path / "home"
+    missing = kopt(["worker", "--role", "exec", "--target", "cuda", "--gpu-index", "7"], home, PATH=path)
+    assert missing.returncode == 2 and "no local GPU with index 7 (found [0, 1, 2])" in missing.stderr, missing.stderr
+    other = kopt(["worker", "--role", "exec", "--target", "cuda", "--gpu-index", "2", "--gpu-class", "h100"], home,
+                 PATH=path)  # fmt: skip
+    assert other.returncode == 2 and "GPU 2 is a h200, not a h100" in other.stderr, other.stderr
+    assert not (home / "server.json").exists()
+
+
 def test_cuda_visible_devices_chooses_the_embedded_campaigns_gpus(tmp_path, monkeypatch):
     """A user who sets CUDA_VISIBLE_DEVICES=1 on a shared host gets GPU 1 and only it (the embedded plan once
     took nvidia-smi's first GPU whatever it said). Entries are indices or UUID prefixes; as in CUDA, the
@@ -92,13 +119,7 @@ def test_cuda_visible_devices_chooses_the_embedded_campaigns_gpus(tmp_path, monk
     from frontend import runs
     from kopt.errors import UsageError
 
-    fake = tmp_path / "bin" / "nvidia-smi"
-    fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\n[ \"$1\" = --query-gpu=index,name,uuid ] || exit 9\n"
-                    "echo '0, NVIDIA H100 80GB HBM3, GPU-aaaa-0000'\necho '1, NVIDIA H100 80GB HBM3, GPU-bbbb-1111'\n"
-                    "echo '2, NVIDIA H200, GPU-cccc-2222'\n")  # fmt: skip
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path))
 
     def chosen(visible: str | None, gpus: str = "all") -> list[int]:
         if visible is None:
