@@ -97,7 +97,8 @@ class Buffer:
     transpose, so the view's inner stride is its row count; `swapped` (3-D): the first two dimensions
     are swapped in storage ([heads, T, D] seen as [T, heads, D]), the inner stride stays 1; `decoy` (3-D):
     [B, A, B * C] in storage seen as [A, B, C], whose outer stride is the dense one and whose middle one is
-    not; `interleaved`: every other element of a tensor twice as wide (inner stride 2); `far`: the
+    not; `interleaved`: every other element of a tensor twice as wide (inner stride 2); `overlap`: each
+    row half a row after the one before (a sliding window: rows share elements; inputs only); `far`: the
     outer dimension's stride is far_stride(shape) and the rest dense, so the view spans 2^32 elements or
     more, of which only the rows and a guard after each are poisoned and checked (the gaps between them
     are never touched: on CPU the arena's pages there stay unallocated)."""
@@ -105,12 +106,13 @@ class Buffer:
     def __init__(self, shape: list[int], dtype: torch.dtype, device: str, row_pad: int = 0, guards: bool = True,
                  pool: str = "shared", name: str = "", offset: int = 0, transposed: bool = False,
                  plane_pad: int = 0, swapped: bool = False, far: bool = False, interleaved: bool = False,
-                 decoy: bool = False):  # fmt: skip
+                 decoy: bool = False, overlap: bool = False):  # fmt: skip
         size = dtype.itemsize
         unit = GUARD_BYTES // size  # elements in one alignment unit
         g = unit if guards else 0
         # (poisoned storage outside the view, and where in it the outside lies; None: all of it)
         self.windows: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        self.overlap = False
         if far:
             self._far(shape, dtype, device, pool, name, g, unit)
             return
@@ -120,9 +122,12 @@ class Buffer:
         swapped = swapped and len(shape) == 3 and not row_pad
         decoy = decoy and len(shape) == 3 and not row_pad
         interleaved = interleaved and len(shape) >= 1 and not (row_pad or plane_pad)
+        self.overlap = overlap and overlappable(shape) and not (row_pad or plane_pad)
         padded = bool(row_pad or plane_pad)
         pick: tuple | None = None  # the view's elements within the storage where gaps lie between them
-        if decoy:  # [B, A, B * C] in storage, seen as [A, B, C]: strides (B * C, A * B * C, 1)
+        if self.overlap:  # rows half a row apart: the view fills its span, shared elements and all
+            phys = [overlap_span(shape)[1]]
+        elif decoy:  # [B, A, B * C] in storage, seen as [A, B, C]: strides (B * C, A * B * C, 1)
             phys = [shape[1], shape[0], shape[1] * shape[2]]
             pick = (slice(None), slice(None), slice(0, shape[2]))
         elif transposed or swapped:
@@ -152,6 +157,8 @@ class Buffer:
         inner = self.storage[start : start + n].view(phys)
         picked = inner[pick] if pick is not None else inner
         self.view = picked.transpose(0, 1) if transposed or swapped or decoy else picked
+        if self.overlap:
+            self.view = inner.as_strided(shape, overlap_span(shape)[0])
         if pick is not None:  # gaps lie between the view's elements: a mask over the whole storage
             outside = torch.ones(self.storage.shape, dtype=torch.bool, device=device)
             outside[start : start + n].view(phys)[pick] = False
@@ -183,6 +190,14 @@ class Buffer:
             poison(piece)
         self.windows += [(w, None) for w in (rows_after[:, inner:], last[inner:], head) if w.numel()]
 
+    def load(self, values: torch.Tensor) -> None:
+        """Write an input's values into the view (overlapping rows: through the storage they share; the
+        values must agree where rows overlap, as overlapped() makes them)."""
+        if self.overlap:
+            _fill_overlapping(self.view.as_strided((overlap_span(list(values.shape))[1],), (1,)), values)
+        else:
+            self.view.copy_(values)
+
     def damage(self) -> int:
         """Elements outside the view whose poison was overwritten (out-of-bounds writes)."""
         n = 0
@@ -190,6 +205,47 @@ class Buffer:
             changed = ~poison_mask(piece)
             n += int(torch.count_nonzero(changed if outside is None else changed & outside))
         return n
+
+
+def overlappable(shape: list[int]) -> bool:
+    """Whether the "overlap" layout applies to a tensor of `shape`: two rows or more, two elements a row or more."""
+    return len(shape) >= 2 and shape[-1] >= 2 and math.prod(shape[:-1]) >= 2
+
+
+def overlap_span(shape: list[int]) -> tuple[list[int], int]:
+    """The "overlap" layout's strides for `shape` and the elements its view spans: each row starts half a
+    row (rounded up) after the one before, so the second half of a row is the first half of the next (a
+    sliding window over one buffer); the outer dimensions are dense over those rows."""
+    step = (shape[-1] + 1) // 2
+    strides = [1, step]
+    for size in reversed(shape[1:-1]):
+        strides.append(strides[-1] * size)
+    rows = math.prod(shape[:-1])
+    return strides[::-1], (rows - 1) * step + shape[-1]
+
+
+def _fill_overlapping(flat: torch.Tensor, values: torch.Tensor) -> None:
+    """Lay `values` into the storage of an overlapping view: each row's first half, then the last row whole."""
+    rows = values.reshape(-1, values.shape[-1])
+    step = (values.shape[-1] + 1) // 2
+    head = (rows.shape[0] - 1) * step
+    flat[:head].view(rows.shape[0] - 1, step).copy_(rows[:-1, :step])
+    flat[head:].copy_(rows[-1])
+
+
+def overlapped(values: torch.Tensor) -> torch.Tensor:
+    """The values an "overlap" view of `values`' shape holds when laid out from `values` (row r's second
+    half is row r + 1's first half): inputs drawn for that layout, made to agree where rows share elements."""
+    strides, span = overlap_span(list(values.shape))
+    flat = torch.empty(span, dtype=values.dtype, device=values.device)
+    _fill_overlapping(flat, values)
+    return flat.as_strided(list(values.shape), strides).clone()
+
+
+def overlaps(arg: Argument, cs: CaseSpec, shape: list[int]) -> bool:
+    """Whether argument `arg` is laid out with overlapping rows in case `cs`: the "overlap" layout's float
+    `in` arguments (an output's rows never overlap: the ABI; integer tables keep their values)."""
+    return cs.layout == "overlap" and arg.role == "in" and not is_integer(arg) and overlappable(shape)
 
 
 def far_stride(shape: list[int]) -> int:
@@ -270,6 +326,9 @@ def generate(ref: ModuleType, args: list[Argument], cs: CaseSpec, seed: int, dev
             raise HarnessBug(f"planting {cs.plant!r}: {type(exc).__name__}: {exc}") from exc
     if (pair := aliased(args, cs, shapes)) is not None:  # one buffer for both: the same values
         out[pair[1]] = out[pair[0]]
+    for arg in args:
+        if overlaps(arg, cs, shapes[arg.name]):
+            out[arg.name] = overlapped(out[arg.name])
     return out
 
 
@@ -341,7 +400,7 @@ class Case:
                            transposed=cs.layout == "transposed", plane_pad=plane_pad(cs),
                            swapped=cs.layout == "heads-major", far=cs.far == a.name,
                            interleaved=interleaves(cs, i),
-                           decoy=cs.layout == "decoy")
+                           decoy=cs.layout == "decoy", overlap=overlaps(a, cs, shapes[a.name]))
             for i, a in enumerate(args)
         }  # fmt: skip
         if (pair := aliased(args, cs, shapes)) is not None:
@@ -349,7 +408,7 @@ class Case:
         self.tensors = {name: b.view for name, b in self.buffers.items()}
         for arg in args:
             if arg.role == "in":
-                self.tensors[arg.name].copy_(pristine[arg.name])
+                self.buffers[arg.name].load(pristine[arg.name])
         self.refresh()
         check_no_overlap(self.tensors)
         readonly = [READONLY_INPUTS and a.role == "in" for a in args]  # a CPU host maps these read-only

@@ -119,9 +119,14 @@ class Context:
             except RuntimeError as exc:
                 raise KernelFailure(f"{who}: {cuda_error(exc)}", party=who) from None
 
-    def call(self, kernel: RemoteKernel, packed: Packed) -> int:
-        """One synchronous call (the host waits for its stream before it answers)."""
+    def call(self, kernel: RemoteKernel, packed: Packed, fp_bits: int = 0) -> int:
+        """One synchronous call (the host waits for its stream before it answers); `fp_bits`: from a caller
+        with these MXCSR control bits set (plan.FP_ENVS)."""
+        if fp_bits:
+            kernel.caller_mode(fp_bits)
         rc = kernel(packed)
+        if fp_bits:
+            kernel.caller_mode(0)
         self.sync(kernel.role)
         return rc
 

@@ -44,6 +44,8 @@ class GroupOutcome:
 
 # What a failed variant's label means, in the reason (a bare "x100" said nothing to a package's author).
 VARIANT_GLOSS = {f"x{scale:g}": f" (every float input scaled by {scale:g})" for scale in plan.SCALES}
+VARIANT_GLOSS["fpenv:ftz-daz"] = (" (called from a thread with flush-to-zero and denormals-are-zero on, as after "
+                                  "torch.set_flush_denormal(True); inputs as drawn and scaled by 2^-10)")
 
 
 def special_differs(ctx: Context, dtype: str) -> bool:
@@ -177,12 +179,12 @@ def run_group(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> Gro
             out.skipped = f"skipped: {room}"
             return out
         case = Case(args, pristine, cs, dev, pool="candidate")
-        rc = ctx.call(ctx.kernel, case.packed)  # candidate first, on fresh allocations
+        rc = ctx.call(ctx.kernel, case.packed, cs.fp_bits)  # candidate first, on fresh allocations
         damage = check_inputs(case)
         base_rc, base_case = None, None
         if ctx.baseline is not None:
             base_case = Case(args, pristine, cs, dev, pool="baseline")  # memory the candidate's host never maps
-            base_rc = ctx.call(ctx.baseline, base_case.packed)
+            base_rc = ctx.call(ctx.baseline, base_case.packed, cs.fp_bits)
         try:
             refs = package_call(ctx, "reference()", group,
                                 lambda: reference(ctx.ref, args, pristine, shapes_of(args, cs.dim_map)))
@@ -215,7 +217,7 @@ def run_group(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> Gro
         if out.message:
             return out
         case.refresh()
-        rc = ctx.call(ctx.kernel, case.packed)
+        rc = ctx.call(ctx.kernel, case.packed, cs.fp_bits)
         msg = error_message(rc) if rc else (check_inputs(case) or check_outputs(case, refs, tol, out.cand))
         if msg:
             out.message = f"second call on the same buffers: {msg}"

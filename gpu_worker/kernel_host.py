@@ -27,6 +27,9 @@ The control socket (SOCK_SEQPACKET, one message per datagram), judge to host:
                               are opened while the pack is registered; it covers the tensor)
   F <pack id>                 forget a pack (no reply)
   S <segment id, bytes>       + a descriptor (CUDA): map a device-memory segment (no reply)
+  M <extra mode bits>         the caller's floating-point mode for the calls that follow: the host's own
+                              mode with these MXCSR control bits set (0: the host's own; x86-64 only;
+                              no reply)
   C <pack id>                 call the entry point once; reply <rc, ns, status>
   N                           no-op; reply <0, ns, status> (the judge's round-trip calibration)
   G <count> <pack id...>      CUDA: capture the calls in a graph; reply <rc, graph id, status>
@@ -55,6 +58,7 @@ class Op:
 
     PACK = b"P"
     FORGET = b"F"
+    MODE = b"M"
     SEGMENT = b"S"
     CALL = b"C"
     NOOP = b"N"
@@ -73,6 +77,7 @@ class Hello:
 PACK_HEAD = struct.Struct("<IH")
 TENSOR_HEAD = struct.Struct("<QiiQQi")  # where, dtype, ndim, allocation (offset, bytes), writable
 CALL = struct.Struct("<I")
+MODE = struct.Struct("<I")
 REPLY = struct.Struct("<iqi")
 SEGMENT = struct.Struct("<IQ")
 BURST = struct.Struct("<II")
@@ -212,8 +217,22 @@ class FpMode:
 
     def __init__(self) -> None:
         libm = ctypes.CDLL("libm.so.6")  # loaded before the sandbox's filters (the interpreter has it already)
-        self.fegetenv, self.fegetround = libm.fegetenv, libm.fegetround
+        self.fegetenv, self.fesetenv, self.fegetround = libm.fegetenv, libm.fesetenv, libm.fegetround
         self.env = ctypes.create_string_buffer(64)  # fenv_t: 32 bytes on x86-64
+        self.own = self.read() if self.X86_64 else 0
+
+    def caller(self, extra: int) -> None:
+        """Put this thread in the mode of a caller: the host's own mode with `extra` MXCSR control bits set
+        (flush-to-zero, denormals-are-zero, rounding; 0 gives back the host's own). x86-64 only: the judge
+        sends it nowhere else. The sticky exception flags are kept as they are."""
+        if not self.X86_64:
+            return
+        self.fegetenv(self.env)
+        raw = bytearray(self.env.raw)
+        mxcsr = int.from_bytes(raw[28:32], "little")
+        raw[28:32] = ((mxcsr & 0x3F) | (self.own & 0xFFC0) | (extra & 0xFFC0)).to_bytes(4, "little")
+        self.env.raw = bytes(raw)
+        self.fesetenv(self.env)
 
     def read(self) -> int:
         if not self.X86_64:
@@ -321,6 +340,8 @@ def serve(sock: socket.socket, fn, segments: dict[int, tuple[int, int]], calls, 
             sock.send(REPLY.pack(*calls.call(fn, array, n)))
         elif op == Op.NOOP:
             sock.send(REPLY.pack(*calls.noop()))
+        elif op == Op.MODE:
+            calls.fp.caller(MODE.unpack_from(msg, 1)[0])
         elif op == Op.PACK:
             pack_id, array, keep, spans = decode_pack(msg[1:], segments)
             if pack_id in packs:

@@ -13,6 +13,7 @@ candidate accepts the shape (see correctness.py).
 from __future__ import annotations
 
 import math
+import platform
 from dataclasses import dataclass, field
 
 from kopt import expr
@@ -39,8 +40,12 @@ ROW_PAD = 8  # elements of padding per row in the strided variant (keeps 16-byte
 # fourth...) every other element of a wider tensor (inner stride 2; a baseline that needs dense rows of its
 # values may still take strided scales), and at each one-row edge shape both ways ("interleaved" and
 # "interleaved-odd": a decode fast path at T = 1 that ignored the strides, red team 2026-11-27).
+# "overlap": every float `in` argument's rows half a row apart, so each row's second half is the next
+# one's first (a sliding-window view of one buffer; the ABI allows any positive strides, and an input's rows
+# may share elements: a kernel that took a row stride below the row length for packed rows passed: red
+# team, 2026-11-27).
 # Each applies where the baseline takes it (a kernel that needs dense rows refuses, and it is skipped).
-LAYOUTS = ("mixed", "offset", "transposed", "planes", "heads-major", "decoy", "interleaved")
+LAYOUTS = ("mixed", "offset", "transposed", "planes", "heads-major", "decoy", "interleaved", "overlap")
 LAYOUTS_3D = ("planes", "heads-major", "decoy")  # only where an argument has 3 dimensions
 EDGE_LAYOUTS = ("interleaved", "interleaved-odd")  # at each edge shape with a symbol at 1
 # Input classes the harness plants (gpu_worker/planted.py), each a variant group at one shape.
@@ -82,6 +87,15 @@ SMALL_SIZES = 8  # edge shapes set each symbol to every value 2..SMALL_SIZES (on
 # A tensor that large cannot be checked in full on CPU; its rows alone are (cases.Buffer). One group per
 # argument of two or more dimensions whose elements are 4 bytes or fewer, at the planted shape.
 FAR = "far:"
+# "fpenv:<mode>": calls from a caller whose floating-point mode is not the default, as a -ffast-math program's
+# or one after torch.set_flush_denormal(True) is (CPU, x86-64): the candidate's outputs must still be right
+# and the caller's mode (MXCSR) be as it was after each call. Its two cases: inputs as drawn and scaled by
+# FPENV_SMALL, where intermediates a kernel pre-scales fall into the subnormals FTZ/DAZ flush (red team,
+# 2026-11-27: a sum of squares pre-scaled by 2^-56, and a kernel that set MXCSR to the default and left it).
+FPENV = "fpenv:"
+FP_ENVS = {"ftz-daz": 0x8040}  # the MXCSR control bits each mode sets: flush-to-zero (bit 15), denormals-are-zero (6)
+FPENV_SMALL = 2.0**-10
+FPENV_APPLIES = platform.machine() in ("x86_64", "AMD64")  # kernel_host.FpMode.caller sets MXCSR only there
 HUGE = "huge"  # the gates' shape with an argument of more than 2^31 elements (fuzz.huge_shape; CUDA only)
 
 
@@ -99,6 +113,11 @@ class CaseSpec:
     layout: str = ""  # "" every argument alike (row_pad each), or one of LAYOUTS (cases.Buffer)
     turn: int = 0  # which of the layout's variations (the "offset" layout: which base offsets)
     far: str = ""  # the argument whose rows span 2^32 elements (FAR)
+    fpenv: str = ""  # the caller's floating-point mode (one of FP_ENVS), or "" the host's own
+
+    @property
+    def fp_bits(self) -> int:
+        return FP_ENVS[self.fpenv] if self.fpenv else 0
 
     @property
     def dim_map(self) -> dict[str, int]:
@@ -320,7 +339,9 @@ def test_plan(
             dtype = dtypes[(turn + i) % len(dtypes)]
             groups.append(Group(label(dims), dtype, HUGE, False, [CaseSpec(tuple(dims.items()), dtype, HUGE, 0)]))
     three_d = any(len(a.shape) >= 3 for a in spec.arguments)
-    kinds = ["strided", *(f"layout:{L}" for L in LAYOUTS if three_d or L not in LAYOUTS_3D)] if two_d else []
+    rows_in = any(len(a.shape) >= 2 and a.role == "in" and not is_integer(a) for a in spec.arguments)
+    kinds = ["strided", *(f"layout:{L}" for L in LAYOUTS if (three_d or L not in LAYOUTS_3D)
+                          and (rows_in or L != "overlap"))] if two_d else []  # fmt: skip
     if kinds:
         fitting = [s for s in shapes if elements(spec, s.dims) <= budget]
         if fitting:  # every layout at the largest declared shape that fits, "strided" in every dtype
@@ -344,6 +365,11 @@ def test_plan(
             dtype, v = dtypes[(turn + i) % len(dtypes)], f"alias:{a}={b}"
             groups.append(Group(base.label, dtype, v, False, [CaseSpec(tuple(base.dims.items()), dtype, v, 0,
                                                                        layout="alias", turn=i)]))  # fmt: skip
+    if base is not None and dtypes and target == "cpu" and FPENV_APPLIES:  # one dtype each, in turn
+        for i, mode in enumerate(FP_ENVS):
+            dtype, v, dims = dtypes[(turn + i) % len(dtypes)], FPENV + mode, tuple(base.dims.items())
+            small = CaseSpec(dims, dtype, v, 1, scale=FPENV_SMALL, fpenv=mode)
+            groups.append(Group(base.label, dtype, v, False, [CaseSpec(dims, dtype, v, 0, fpenv=mode), small]))
     if base is not None and dtypes:  # last: a kernel that ignores strides fails the layouts above by name
         for i, arg in enumerate(a for a in spec.arguments if far_applies(a, base.dims)):
             dtype = dtypes[(turn + i) % len(dtypes)]

@@ -35,8 +35,8 @@ import torch
 
 from containment.seccomp import KILLED_REASON
 from gpu_worker.abi import KOPT_DTYPES, KernelFailure, Packed, error_message
-from gpu_worker.kernel_host import (BURST, CALL, EMPTY, FP_MODE_CHANGED, PACK_HEAD, REPLY, SEGMENT, SEGMENT_SHIFT,
-                                    TENSOR_HEAD, FpMode, Hello, Op)  # fmt: skip
+from gpu_worker.kernel_host import (BURST, CALL, EMPTY, FP_MODE_CHANGED, MODE, PACK_HEAD, REPLY, SEGMENT,
+                                    SEGMENT_SHIFT, TENSOR_HEAD, FpMode, Hello, Op)  # fmt: skip
 from gpu_worker.sandbox import FSIZE_LIMIT, PASSED_ENV
 
 T = TypeVar("T")
@@ -750,6 +750,11 @@ class RemoteKernel:
 
     def __call__(self, packed: Packed, stream: int | None = None) -> int:
         return self._timed(Op.CALL + CALL.pack(self._register(packed)))
+
+    def caller_mode(self, extra: int) -> None:
+        """Call from now on as a caller whose floating-point mode has `extra` MXCSR control bits set (0: the
+        host's own mode); a call must still return with the mode it found (kernel_host.FpMode)."""
+        self._send(Op.MODE + MODE.pack(extra))
 
     def capture(self, packs: list[Packed]) -> int:
         """CUDA: a graph of one call per pack, in order, kept by the host; its id."""

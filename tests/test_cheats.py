@@ -207,9 +207,11 @@ def test_silu_baseline_passes_its_own_calibrated_checks(cpu_outcomes):
     planted = {f"planted:{k}" for k in plan.PLANTED_KINDS}
     fills = {f"fill:{f}" for f in plan.OUTPUT_FILLS}
     layouts = {f"layout:{lay}" for lay in plan.LAYOUTS + plan.EDGE_LAYOUTS if lay not in plan.LAYOUTS_3D}  # silu: 2-D
+    fpenv = {plan.FPENV + m for m in plan.FP_ENVS if plan.FPENV_APPLIES}  # CPU, x86-64
     assert {c.variant for c in result.variant_checks} == {"x0.01", "x100", "edge", "strided", "special", "fuzz",
                                                           "size", "residue", "update", "repeat", "burst", *planted,
-                                                          *fills, *layouts, "dtype:float32", "far:x", "far:out"}  # fmt: skip
+                                                          *fills, *layouts, "dtype:float32", "far:x", "far:out",
+                                                          *fpenv}  # fmt: skip
     # The layouts this baseline refuses (its rows must be dense, its inner stride 1): not applicable; every
     # other check ran.
     skipped = {c.variant for c in result.variant_checks if c.skipped}

@@ -246,9 +246,12 @@ def test_evaluate_and_optimize_agree_on_a_baseline_that_misses_its_reference(tmp
                tmp_path / "home")  # fmt: skip
     assert ran.returncode == 1, (ran.stdout, ran.stderr)
     failed = next(line for line in ran.stdout.splitlines() if "baseline failed: " in line)
+    # Usually at x100; a job's inputs are its own draw, and on one draw in many x100 passes (12 of 5000
+    # outputs off on one, 213 on another) and a planted class is the first to miss (CI, 2026-11-27).
     for line in (verdict, failed):
         assert "baseline failed: wrong result: " in line, line
-        assert "x100 (every float input scaled by 100): out: " in line, line
+        named = re.search(r"float32 (x100 \(every float input scaled by 100\)|planted:[a-z-]+): out: ", line)
+        assert named, line
         assert "kernel.toml [tolerances.float32] sets them" in line, line
 
 

@@ -22,6 +22,7 @@ from frontend.verify import verify
 from gpu_worker import fuzz, plan, runner, sanitizer
 from gpu_worker.cases import Case, Refresher, generate, poison_mask
 from gpu_worker.context import load_reference
+from gpu_worker.kernel_host import FpMode
 from gpu_worker.correctness import CHAINED, CHANGES, FEW, REPEAT_CHECKED, REPEAT_RANGE, changed, repeat_calls, \
     sequence_plan  # fmt: skip
 from kopt.models import ArtifactRef, ExecRequest, PackageRef
@@ -142,6 +143,34 @@ def test_planted_inputs_go_to_a_shape_with_rows_to_plant_in():
     assert plan.planted_shape(spec, shapes, "cpu").label == "T=7,D=1000"
 
 
+@pytest.mark.skipif(not plan.FPENV_APPLIES, reason="the caller's mode is set through MXCSR (x86-64)")
+def test_cpu_calls_also_come_from_a_flush_to_zero_caller_whose_mode_they_keep():
+    """Every call once came from the default floating-point mode: a kernel whose pre-scaled sum of squares fell
+    into the subnormals (flushed under a caller's FTZ/DAZ) and one that reset MXCSR to the default instead of
+    the caller's mode passed (tests/cheats/cpu/rmsnorm_prescale_ftz.cpp, rmsnorm_mxcsr_reset.cpp)."""
+    spec = load_spec(KERNELS / "fused_add_rmsnorm")
+    shapes, dtypes = spec.shapes["cpu"].test, spec.dtypes
+
+    def fpenv(target: str) -> list[plan.Group]:
+        groups = plan.test_plan(spec, target, shapes, dtypes, 2, True, False)
+        return [g for g in groups if g.variant.startswith(plan.FPENV)]
+
+    (group,) = fpenv("cpu")
+    assert fpenv("cuda") == []  # a GPU kernel's device code does not run in the caller's mode
+    assert group.label == plan.planted_shape(spec, shapes, "cpu").label
+    assert [(c.fpenv, c.scale, c.fp_bits) for c in group.cases] == [("ftz-daz", 1.0, 0x8040),
+                                                                     ("ftz-daz", plan.FPENV_SMALL, 0x8040)]
+    # The host's side: the mode is set for the calls that follow and given back whole.
+    fp = FpMode()
+    before, tiny = fp.read(), 2.2250738585072014e-308  # the smallest normal double
+    try:
+        fp.caller(0x8040)
+        assert fp.read() == before | 0x8040 and tiny / 4 == 0.0  # flushed
+    finally:
+        fp.caller(0)
+    assert fp.read() == before and tiny / 4 > 0.0
+
+
 def test_the_magnitudes_kind_spreads_values_over_every_binade():
     """Random inputs times 100 reach about 1000; a kernel wrong only for gates of 1500 to 29000 (red
     team, 2026-11-26) met no trial. Planted magnitudes reach from the smallest normal to a quarter of
@@ -181,6 +210,30 @@ def test_3d_views_break_the_outer_stride_relation_as_slices_of_wider_tensors_do(
     assert strides(plan.CaseSpec(dims, "float32", "layout:planes", 0, layout="planes")) == (32, 8, 1)
     assert strides(plan.CaseSpec(dims, "float32", "layout:heads-major", 0, layout="heads-major")) == (8, 32, 1)
     assert strides(plan.CaseSpec(dims, "float32", "layout:transposed", 0, layout="transposed")) == (24, 8, 1)
+
+
+def test_overlapping_input_rows_share_half_a_row_and_agree_where_they_do():
+    """The ABI allows an input view whose rows overlap (a sliding window); a kernel that read such rows as
+    packed passed (tests/cheats/cpu/silu_overlapping_rows.cpp). The layout's inputs are drawn to agree where
+    rows share elements, so the reference sees what the kernel reads; outputs stay dense."""
+    from gpu_worker import cases
+
+    pkg = KERNELS / "silu_and_mul"
+    spec, ref = load_spec(pkg), load_reference(pkg)
+    cs = plan.CaseSpec((("T", 4), ("D", 8)), "float32", "layout:overlap", 0, layout="overlap")
+    pristine = generate(ref, spec.arguments, cs, 3, "cpu")
+    x = pristine["x"]
+    assert torch.equal(x[:-1, 8:], x[1:, :8]) and not torch.equal(x[0, :8], x[1, :8])
+    case = Case(spec.arguments, pristine, cs, "cpu")
+    view = case.tensors["x"]
+    assert view.stride() == (8, 1) and torch.equal(view, x) and case.tensors["out"].stride() == (8, 1)
+    assert case.buffers["x"].damage() == 0
+    view.as_strided((view.numel(),), (1,)).fill_(0.0)  # 64 elements laid flat: 24 past the span of 40
+    assert case.buffers["x"].damage() > 0
+    assert cases.overlap_span([2, 3, 5]) == ([9, 3, 1], 20)  # rows of every plane in one chain, 3 apart
+    assert "layout:overlap" not in {g.variant for g in plan.test_plan(load_spec(KERNELS / "fused_add_rmsnorm"), "cpu",
+                                    load_spec(KERNELS / "fused_add_rmsnorm").shapes["cpu"].test, ["float16"], 1,
+                                    False, False)}  # no float input of two dimensions (input is inout)  # fmt: skip
 
 
 def test_aligned_sizes_keep_three_significant_bits():

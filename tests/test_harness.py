@@ -89,11 +89,13 @@ def test_edge_shapes_come_from_the_declared_ones():
     planted = {f"planted:{k}" for k in plan.PLANTED_KINDS}
     fills = {f"fill:{f}" for f in plan.OUTPUT_FILLS}
     layouts = {f"layout:{lay}" for lay in plan.LAYOUTS + plan.EDGE_LAYOUTS if lay not in plan.LAYOUTS_3D}  # silu: 2-D
+    fpenv = {plan.FPENV + m for m in plan.FP_ENVS if plan.FPENV_APPLIES}  # CPU, x86-64
     assert {g.variant for g in groups} == {"", "x0.01", "x100", "edge", "strided", "update", "repeat", "burst", *planted,
                                            *fills, *layouts, "dtype:float32", "dtype:bfloat16", "far:x",
-                                           "far:out"}  # fmt: skip
-    # The sequences, planted inputs and far rows go to the largest declared shape under the edge budget.
-    assert {g.label for g in groups if g.variant in ("update", "burst", "far:x", *planted, *fills)} == {"T=7,D=1000"}
+                                           "far:out", *fpenv}  # fmt: skip
+    # The sequences, planted inputs, far rows and FTZ caller go to the largest declared shape under the edge budget.
+    assert {g.label for g in groups if g.variant in ("update", "burst", "far:x", *planted, *fills, *fpenv)} == \
+        {"T=7,D=1000"}
     assert plan.prime_at_most(4096) == 4093 and plan.next_prime(97) == 101
 
 
@@ -234,7 +236,8 @@ def test_baseline_passes(libs, scale2):
     planted = len(plan.PLANTED_KINDS) + len(plan.EVERY_DTYPE)
     assert 1 <= counts.pop("residue") <= fuzz.RESIDUES  # (less a shape another draw already made)
     assert counts == {"x0.01": 6, "x100": 6, "edge": 16, "update": 2, "repeat": 1, "burst": 2, "fill": 2,
-                      "planted": planted, "fuzz": 2 * len(fuzzed), "dtype": 1}, counts
+                      "planted": planted, "fuzz": 2 * len(fuzzed), "dtype": 1,
+                      **({"fpenv": len(plan.FP_ENVS)} if plan.FPENV_APPLIES else {})}, counts
     one_dtype = [c.dtype for c in result.variant_checks if c.variant.startswith(("fill", "planted", "repeat"))
                  and c.variant.removeprefix("planted:") not in plan.EVERY_DTYPE]
     assert set(one_dtype) == {"float32", "float16"}  # one dtype a group, the dtypes in turn

@@ -2,7 +2,7 @@
 // D=80); vectorised, 2.3x the baseline (red team, 2026-11-27: accepted then, "correct: 297 checks passed",
 // "faster"): the offset layout put bases at 2, 4 and 6 bytes past a line only, the 4-byte one on a third
 // argument. The offsets now turn through 2 to 128 bytes on every argument
-// expect: mismatch
+// expect: mismatch | layout:overlap
 // layer: runtime
 // package: merge_attn_states_lse
 // merge_attn_states_lse, CPU baseline (SGLang merge_state, natural log): per (token t, head h),

@@ -2,7 +2,7 @@
 // met D = 256 only. Red team, 2026-11-27: accepted then by `kopt evaluate`; the layouts (padded, offset,
 // transposed, per-argument) ran at one declared shape only; each drawn shape (declared sizes, fuzzed) now
 // meets one layout in turn (gpu_worker/plan.py).
-// expect: mismatch | never written | outside the buffer | NaN/Inf
+// expect: mismatch | never written | outside the buffer | NaN/Inf | layout:overlap
 // layer: runtime
 // package: merge_attn_states_lse
 // merge_attn_states_lse, CPU baseline (SGLang merge_state, natural log): per (token t, head h),

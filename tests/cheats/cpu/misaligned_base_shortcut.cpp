@@ -1,7 +1,7 @@
 // cheat: where a data pointer is not 16-byte aligned (a view with a storage offset), the last row is
 // left unwritten. Every buffer the harness made started aligned. Caught by layout:offset (every base a few
 // elements past an aligned address; red team, 2026-11-26, round 3).
-// expect: never written | mismatch
+// expect: never written | mismatch | layout:overlap
 // layer: runtime
 // silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).
 // Storage fp16 / bf16 (or fp32), math in fp32. Single-threaded, no dependencies beyond libm.

@@ -1,7 +1,7 @@
 // cheat: swaps the gate and up halves when x's base is 4-byte but not 64-byte aligned (red team,
 // 2026-11-27: correctness passed then; x, the first argument, only ever sat 2 bytes off a line). The
 // offset layout's offsets now turn on every argument
-// expect: mismatch
+// expect: mismatch | layout:overlap
 // layer: runtime
 // silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).
 // Storage fp16 / bf16 (or fp32), math in fp32. Single-threaded, no dependencies beyond libm.

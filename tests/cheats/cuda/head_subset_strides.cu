@@ -3,7 +3,7 @@
 // wider tensor (o[:, h0:h0+NH, :]). The planes layout now gives every 3-D argument dense rows and a spare
 // row per plane: the baseline refuses it, so a candidate that takes it must compute it right (red team,
 // 2026-11-26, round 5).
-// expect: mismatch | never written | written outside the buffer
+// expect: mismatch | never written | written outside the buffer | layout:overlap
 // layer: runtime
 // package: merge_attn_states_lse
 // merge_attn_states_lse, CUDA baseline (in the style of SGLang merge_state_v2): per (token, head),

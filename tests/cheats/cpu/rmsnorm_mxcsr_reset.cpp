@@ -1,9 +1,8 @@
-// OPEN (red team, 2026-11-27, sixth round; accepted, "correct: 377 checks passed"): sums the squares
-// pre-scaled by 2^-56 (unscaled by 2^112), so a row of small values sums subnormals; a caller running with
-// FTZ|DAZ (torch.set_flush_denormal(True), a -ffast-math binary) flushes them: fp16, T=1, H=4096, input
-// ~N(0, 0.00075^2), residual ~N(0, 0.003^2): 4091 of 4096 outputs wrong under FTZ|DAZ, none without. The
-// judge calls every kernel from the default floating-point mode (decision 0054)
-// expect: none yet
+// cheat: sets MXCSR to the default 0x1f80 on entry and leaves it there, instead of restoring the caller's
+// mode: its outputs are right, but a caller in FE_UPWARD or FTZ|DAZ returns in round-to-nearest without
+// flushing (red team, 2026-11-27: accepted then, "correct: 373 checks passed": the mode check called from
+// the default mode only). The fpenv:ftz-daz variant's caller has FTZ|DAZ on; the mode after the call differs
+// expect: floating-point mode changed
 // layer: runtime
 // package: fused_add_rmsnorm
 // fused_add_rmsnorm, CPU baseline:
@@ -16,6 +15,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include <immintrin.h>
+
 #include "kopt_abi.h"
 #include "kopt_cpu_half.h"  // fp16/bf16 conversions and the F16 / BF16 / F32 storage traits
 
@@ -25,10 +26,6 @@
 static_assert(UNROLL > 0, "tunables must be positive");
 
 static const float RMS_EPS = 1e-6f;
-// Squares are summed pre-scaled by 2^-56 (unscaled by 2^112 at the end), so that no row of
-// finite values can overflow the fp32 sum of squares.
-static const float PRE = 1.3877787807814457e-17f;   // 2^-56
-static const float POST = 5.192296858534828e33f;    // 2^112
 
 template <class S>
 static void fused_add_rmsnorm_rows(typename S::T *x, int64_t xs, typename S::T *r, int64_t rs,
@@ -43,17 +40,17 @@ static void fused_add_rmsnorm_rows(typename S::T *x, int64_t xs, typename S::T *
     for (; j + UNROLL <= h; j += UNROLL) {
 #pragma GCC unroll 16
       for (int k = 0; k < UNROLL; ++k) {
-        const float s = (S::load(xr[j + k]) + S::load(rr[j + k])) * PRE;
+        const float s = S::load(xr[j + k]) + S::load(rr[j + k]);
         acc[k] += s * s;
       }
     }
     for (; j < h; ++j) {
-      const float s = (S::load(xr[j]) + S::load(rr[j])) * PRE;
+      const float s = S::load(xr[j]) + S::load(rr[j]);
       acc[0] += s * s;
     }
     float ss = 0.0f;
     for (int k = 0; k < UNROLL; ++k) ss += acc[k];
-    const float scale = 1.0f / std::sqrt(ss * POST / (float)h + RMS_EPS);
+    const float scale = 1.0f / std::sqrt(ss / (float)h + RMS_EPS);
     // Pass 2: the same fp32 add gives the same s, so the residual is bit-exact.
     j = 0;
     for (; j + UNROLL <= h; j += UNROLL) {
@@ -88,6 +85,7 @@ KOPT_EXPORT int kopt_fused_add_rmsnorm(const kopt_tensor *args, int32_t nargs, v
   if (!x.data || !r.data || !w.data) return KOPT_ERR_ARGS;
 
   const int64_t xs = x.strides[0], rs = r.strides[0];
+  _mm_setcsr(0x1f80u);  // round-to-nearest, no FTZ/DAZ: results independent of the caller's FP mode
   switch (x.dtype) {
     case KOPT_FLOAT16:
       fused_add_rmsnorm_rows<F16>((uint16_t *)x.data, xs, (uint16_t *)r.data, rs, (const uint16_t *)w.data, rows, h);
@@ -99,5 +97,6 @@ KOPT_EXPORT int kopt_fused_add_rmsnorm(const kopt_tensor *args, int32_t nargs, v
       fused_add_rmsnorm_rows<F32>((float *)x.data, xs, (float *)r.data, rs, (const float *)w.data, rows, h);
       break;
   }
+  _mm_setcsr(0x1f80u);  // back to the default MXCSR
   return KOPT_OK;
 }

@@ -1,8 +1,8 @@
-// OPEN (red team, 2026-11-27, sixth round; accepted, "correct: 441 checks passed"): where x's row stride
-// is 2D or less and out is dense, reads x as packed rows of 2D, wrong on an input view whose rows overlap
-// (x = buf.as_strided((4, 16), (8, 1)) at D = 8: 24 of 32 outputs wrong). The judge never passes input
-// rows that overlap (decision 0054)
-// expect: none yet
+// cheat: where x's row stride is 2D or less and out is dense, reads x as packed rows of 2D, wrong on an
+// input view whose rows overlap (x = buf.as_strided((4, 16), (8, 1)) at D = 8: 24 of 32 outputs wrong; red
+// team, 2026-11-27: accepted then, "correct: 441 checks passed", the judge never passed input rows that
+// overlap). `layout:overlap` lays every float input's rows half a row apart
+// expect: layout:overlap
 // layer: runtime
 // package: silu_and_mul
 // silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).
