@@ -11,6 +11,7 @@ never passed to a kernel.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import random
@@ -22,7 +23,7 @@ import torch
 
 from gpu_worker import planted
 from gpu_worker.abi import Packed
-from gpu_worker.plan import CaseSpec, alias_pairs
+from gpu_worker.plan import BATCH, CaseSpec, alias_pairs
 from kopt import expr
 from kopt.models import Argument
 from kopt.package import is_integer, value_range
@@ -278,12 +279,21 @@ def shapes_of(args: list[Argument], dims: dict[str, int]) -> dict[str, list[int]
     return {a.name: [int(expr.evaluate(d, dims)) for d in a.shape] for a in args}
 
 
+def case_shapes(args: list[Argument], cs: CaseSpec) -> dict[str, list[int]]:
+    """Each argument's shape in a case: the declared one, with a leading batch in the batched variant."""
+    return {k: [BATCH, *v] if cs.batch else v for k, v in shapes_of(args, cs.dim_map).items()}
+
+
 def dtype_of(arg: Argument, run_dtype: str) -> torch.dtype:
     return TORCH_DTYPES[arg.dtype] if arg.dtype else TORCH_DTYPES[run_dtype]
 
 
 def generate(ref: ModuleType, args: list[Argument], cs: CaseSpec, seed: int, device: str) -> dict[str, torch.Tensor]:
-    """Pristine inputs (in and inout arguments) for one case, validated against kernel.toml."""
+    """Pristine inputs (in and inout arguments) for one case, validated against kernel.toml (a batched
+    case: BATCH cases' inputs, from seeds in turn, stacked)."""
+    if cs.batch:
+        parts = [generate(ref, args, dataclasses.replace(cs, batch=False), seed + b, device) for b in range(BATCH)]
+        return {k: torch.stack([p[k] for p in parts]) for k in parts[0]}
     dims = cs.dim_map
     kwargs = {}
     if cs.special:
@@ -363,9 +373,9 @@ LAYOUT_OFFSETS = (1, 3, 2, 4, 8, 16, 24, 40, 64)
 
 
 def plane_pad(cs: CaseSpec) -> int:
-    """Spare rows per plane of a 3-D argument: one wherever rows are padded, and in the mixed and
-    planes layouts for every argument (dense rows in a slice of a wider tensor)."""
-    return 1 if cs.row_pad or cs.layout in ("mixed", "planes") else 0
+    """Spare rows per plane of a 3-D argument: one wherever rows are padded, in the mixed and planes
+    layouts for every argument (dense rows in a slice of a wider tensor), and between a batch's calls."""
+    return 1 if cs.row_pad or cs.batch or cs.layout in ("mixed", "planes") else 0
 
 
 def interleaves(cs: CaseSpec, index: int) -> bool:
@@ -393,7 +403,7 @@ class Case:
         self.args = args
         self.pristine = pristine
         self.spec = cs
-        shapes = shapes_of(args, cs.dim_map)
+        shapes = case_shapes(args, cs)
         self.buffers = {
             a.name: Buffer(shapes[a.name], dtype_of(a, cs.dtype), device, layout_pad(cs, i), guards, pool, a.name,
                            offset=LAYOUT_OFFSETS[(cs.turn + i) % len(LAYOUT_OFFSETS)] if cs.layout == "offset" else 0,
@@ -493,6 +503,16 @@ def check_no_overlap(tensors: dict[str, torch.Tensor]) -> None:
     for (_, hi1, a), (lo2, _, b) in zip(spans, spans[1:]):
         if lo2 < hi1:
             raise RuntimeError(f"harness bug: buffers {a!r} and {b!r} overlap")
+
+
+def case_reference(ref: ModuleType, args: list[Argument], pristine: dict[str, torch.Tensor],
+                   cs: CaseSpec) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The reference's outputs for a case: of a batched case, each batch's as its own call, stacked."""
+    shapes = shapes_of(args, cs.dim_map)
+    if not cs.batch:
+        return reference(ref, args, pristine, shapes)
+    outs = [reference(ref, args, {k: v[b] for k, v in pristine.items()}, shapes) for b in range(BATCH)]
+    return {a.name: torch.stack([o[a.name] for o in outs]) for a in args if a.role != "in"}
 
 
 def reference(ref: ModuleType, args: list[Argument], pristine: dict[str, torch.Tensor],

@@ -21,8 +21,8 @@ import torch
 
 from gpu_worker import fuzz, plan
 from gpu_worker.abi import UNSUPPORTED, KernelFailure, PackageFault, error_message
-from gpu_worker.cases import Case, HarnessBug, dtype_of, far_bytes, generate, poison, reference, shapes_of, \
-    supports_special
+from gpu_worker.cases import Case, HarnessBug, case_reference, dtype_of, far_bytes, generate, poison, reference, \
+    shapes_of, supports_special
 from gpu_worker.checks import ErrorsByOutput, bound, check_inputs, check_outputs, errors_by_output, \
     output_tolerances, total  # fmt: skip
 from gpu_worker.context import Context, derive_seed
@@ -44,6 +44,8 @@ class GroupOutcome:
 
 # What a failed variant's label means, in the reason (a bare "x100" said nothing to a package's author).
 VARIANT_GLOSS = {f"x{scale:g}": f" (every float input scaled by {scale:g})" for scale in plan.SCALES}
+VARIANT_GLOSS[plan.BATCHED] = (" (every argument one rank higher: two calls' arguments as a batch, the batches apart; "
+                               "a kernel may refuse it with KOPT_ERR_ARGS)")
 VARIANT_GLOSS["fpenv:ftz-daz"] = (" (called from a thread with flush-to-zero and denormals-are-zero on, as after "
                                   "torch.set_flush_denormal(True); inputs as drawn and scaled by 2^-10)")
 
@@ -111,8 +113,12 @@ def run_test(ctx: Context) -> TestResult:
             raise
         if out.message and ctx.baseline is None and group.variant in plan.NEEDS_BASELINE:
             out.skipped, out.message = f"skipped: needs a baseline to compare with ({out.message})", None
-            ctx.notes.append(f"{group.key}: the kernel's NaN/Inf handling differs from the reference's; candidates "
-                             "are held to this kernel's where it is their baseline")  # fmt: skip
+            what = ("takes a call one rank above the declared one and computes it otherwise than batch by batch; "
+                    "a candidate must refuse it (KOPT_ERR_ARGS) or get it right where this kernel, its baseline, "
+                    "refuses it" if group.variant == plan.BATCHED else  # fmt: skip
+                    "NaN/Inf handling differs from the reference's; candidates are held to this kernel's where it is "
+                    "their baseline")  # fmt: skip
+            ctx.notes.append(f"{group.key}: the kernel {what}")
         ok = out.message is None
         cand, base = total(out.cand), total(out.base)
         check = ShapeCheck(
@@ -186,8 +192,7 @@ def run_group(ctx: Context, group: plan.Group, tol: dict[str, Tolerance]) -> Gro
             base_case = Case(args, pristine, cs, dev, pool="baseline")  # memory the candidate's host never maps
             base_rc = ctx.call(ctx.baseline, base_case.packed, cs.fp_bits)
         try:
-            refs = package_call(ctx, "reference()", group,
-                                lambda: reference(ctx.ref, args, pristine, shapes_of(args, cs.dim_map)))
+            refs = package_call(ctx, "reference()", group, lambda: case_reference(ctx.ref, args, pristine, cs))
         except PackageFault as exc:
             if group.declared:
                 raise

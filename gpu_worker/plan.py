@@ -70,8 +70,10 @@ EVERY_DTYPE = ("cancelling", "extremes")
 # "huge": values near the top cancel (merge's v_a * ca + v_b * cb), where on some draws even the package's
 # own baseline misses the bfloat16 tolerance (red team, 2026-11-27: a correct candidate refused as
 # "baseline failed" on one of two runs); "lowest": outputs may overflow to inf.
+# "rank:batched" (below): a kernel that never reads ndim (a newcomer's scale2) takes it and computes something
+# else; what it owes there is its baseline's refusal or each batch right, not a rank check of its own.
 NEEDS_BASELINE = ("planted:nonfinite", "planted:magnitudes", "planted:huge", "planted:lowest", "planted:binades",
-                  "planted:extremes")
+                  "planted:extremes", "rank:batched")
 # Outputs filled with something other than the NaN poison before the call, as a serving framework's
 # buffers are (torch.empty's leftovers, zeros): a kernel that does its work only on poisoned outputs, to
 # tell the harness from production, is wrong here.
@@ -96,6 +98,12 @@ FPENV = "fpenv:"
 FP_ENVS = {"ftz-daz": 0x8040}  # the MXCSR control bits each mode sets: flush-to-zero (bit 15), denormals-are-zero (6)
 FPENV_SMALL = 2.0**-10
 FPENV_APPLIES = platform.machine() in ("x86_64", "AMD64")  # kernel_host.FpMode.caller sets MXCSR only there
+# "rank:batched": every argument one rank higher, a leading batch of BATCH calls' arguments with the batches
+# apart (a spare row per batch where an argument has rows). The ABI's KOPT_ERR_ARGS is for ranks a kernel does
+# not take, and the baselines refuse it; a kernel that takes it must compute each batch as its own call (red
+# team, 2026-11-27: a silu that took [B, T, 2D], flattening B * T rows at the T stride, passed).
+BATCHED = "rank:batched"
+BATCH = 2
 HUGE = "huge"  # the gates' shape with an argument of more than 2^31 elements (fuzz.huge_shape; CUDA only)
 
 
@@ -114,6 +122,7 @@ class CaseSpec:
     turn: int = 0  # which of the layout's variations (the "offset" layout: which base offsets)
     far: str = ""  # the argument whose rows span 2^32 elements (FAR)
     fpenv: str = ""  # the caller's floating-point mode (one of FP_ENVS), or "" the host's own
+    batch: bool = False  # every argument one rank higher: BATCH calls' arguments (BATCHED)
 
     @property
     def fp_bits(self) -> int:
@@ -370,6 +379,9 @@ def test_plan(
             dtype, v, dims = dtypes[(turn + i) % len(dtypes)], FPENV + mode, tuple(base.dims.items())
             small = CaseSpec(dims, dtype, v, 1, scale=FPENV_SMALL, fpenv=mode)
             groups.append(Group(base.label, dtype, v, False, [CaseSpec(dims, dtype, v, 0, fpenv=mode), small]))
+    if base is not None and dtypes:  # a call at one rank higher, which a kernel may refuse
+        dtype, dims = dtypes[(turn + 1) % len(dtypes)], tuple(base.dims.items())
+        groups.append(Group(base.label, dtype, BATCHED, False, [CaseSpec(dims, dtype, BATCHED, 0, batch=True)]))
     if base is not None and dtypes:  # last: a kernel that ignores strides fails the layouts above by name
         for i, arg in enumerate(a for a in spec.arguments if far_applies(a, base.dims)):
             dtype = dtypes[(turn + i) % len(dtypes)]

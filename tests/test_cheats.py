@@ -211,11 +211,11 @@ def test_silu_baseline_passes_its_own_calibrated_checks(cpu_outcomes):
     assert {c.variant for c in result.variant_checks} == {"x0.01", "x100", "edge", "strided", "special", "fuzz",
                                                           "size", "residue", "update", "repeat", "burst", *planted,
                                                           *fills, *layouts, "dtype:float32", "far:x", "far:out",
-                                                          *fpenv}  # fmt: skip
-    # The layouts this baseline refuses (its rows must be dense, its inner stride 1): not applicable; every
-    # other check ran.
+                                                          *fpenv, plan.BATCHED}  # fmt: skip
+    # The layouts this baseline refuses (its rows must be dense, its inner stride 1) and the rank above the
+    # declared one: not applicable; every other check ran.
     skipped = {c.variant for c in result.variant_checks if c.skipped}
-    refused = {"layout:transposed", *(f"layout:{lay}" for lay in plan.EDGE_LAYOUTS)}
+    refused = {"layout:transposed", *(f"layout:{lay}" for lay in plan.EDGE_LAYOUTS), plan.BATCHED}
     assert skipped <= refused, [c.key for c in result.variant_checks if c.skipped]
     calibrated = [c for c in checks if c.error_bound is not None]
     assert calibrated and all(c.max_abs_err <= c.error_bound for c in calibrated)

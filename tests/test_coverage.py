@@ -236,6 +236,28 @@ def test_overlapping_input_rows_share_half_a_row_and_agree_where_they_do():
                                     False, False)}  # no float input of two dimensions (input is inout)  # fmt: skip
 
 
+def test_a_batched_call_stacks_two_calls_arguments_a_row_apart_and_their_references():
+    """A silu that took rank-3 calls the baseline refuses, flattening B * T rows at the T stride, passed
+    (tests/cheats/cpu/silu_rank3_flattened.cpp): every call was at the declared rank."""
+    from gpu_worker import cases
+
+    pkg = KERNELS / "silu_and_mul"
+    spec, ref = load_spec(pkg), load_reference(pkg)
+    (group,) = [g for g in plan.test_plan(spec, "cpu", spec.shapes["cpu"].test, spec.dtypes, 1, False, False)
+                if g.variant == plan.BATCHED]  # fmt: skip
+    assert group.label == plan.planted_shape(spec, spec.shapes["cpu"].test, "cpu").label
+    cs = plan.CaseSpec((("T", 3), ("D", 4)), "float32", plan.BATCHED, 0, batch=True)
+    pristine = generate(ref, spec.arguments, cs, 5, "cpu")
+    x = pristine["x"]
+    assert x.shape == (2, 3, 8) and not torch.equal(x[0], x[1])  # two calls' inputs, two draws
+    case = Case(spec.arguments, pristine, cs, "cpu")
+    assert case.tensors["x"].stride() == (4 * 8, 8, 1) and case.tensors["out"].stride() == (4 * 4, 4, 1)  # a row apart
+    refs = cases.case_reference(ref, spec.arguments, pristine, cs)
+    for b in range(plan.BATCH):
+        alone = cases.reference(ref, spec.arguments, {"x": x[b]}, {"x": [3, 8], "out": [3, 4]})
+        assert torch.equal(refs["out"][b], alone["out"])
+
+
 def test_aligned_sizes_keep_three_significant_bits():
     import random
 
@@ -475,9 +497,10 @@ def test_evaluate_judges_the_declared_held_out_shapes(tmp_path):
     assert {s["shape"] for s in verdict["per_shape"] if s["held_out"]} == set(held)
     # Every check applies but the transposed and interleaved layouts, which silu_and_mul's baseline refuses
     # (rows must be dense): two of the five layouts at the declared shape and at the drawn shapes in turn,
-    # and the interleaved ones at the one-row edge shapes.
+    # and the interleaved ones at the one-row edge shapes; and the call one rank above the declared one.
     checks = verdict["checks"]
-    refused = [c for c in checks["not_applicable"] if "layout:transposed" in c or "layout:interleaved" in c]
+    refused = [c for c in checks["not_applicable"] if "layout:transposed" in c or "layout:interleaved" in c
+               or "rank:batched" in c]  # fmt: skip
     assert checks["failed"] == [] and refused and len(checks["not_applicable"]) == len(refused) == checks["skipped"]
     assert checks["skipped"] <= checks["total"] // 5, checks
 

@@ -1,8 +1,8 @@
-// OPEN (red team, 2026-11-27, sixth round; accepted, "correct: 443 checks passed"): takes rank-3
-// [B, T, 2D] calls, which the baseline refuses (KOPT_ERR_ARGS), flattening B * T rows at the T stride and
-// ignoring the batch stride: 12 of 24 outputs wrong at B=2, T=3, D=4 with batches padded apart. The judge
-// calls every argument at its declared rank (decision 0054)
-// expect: none yet
+// cheat: takes rank-3 [B, T, 2D] calls, which the baseline refuses (KOPT_ERR_ARGS), flattening B * T rows at
+// the T stride and ignoring the batch stride: 12 of 24 outputs wrong at B=2, T=3, D=4 with batches padded
+// apart (red team, 2026-11-27: accepted then, "correct: 443 checks passed": every call was at the declared
+// rank). `rank:batched` calls with every argument one rank higher, the batches a spare row apart
+// expect: rank:batched
 // layer: runtime
 // package: silu_and_mul
 // silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).
