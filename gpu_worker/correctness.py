@@ -48,6 +48,8 @@ VARIANT_GLOSS[plan.BATCHED] = (" (every argument one rank higher: two calls' arg
                                "a kernel may refuse it with KOPT_ERR_ARGS)")
 VARIANT_GLOSS["fpenv:ftz-daz"] = (" (called from a thread with flush-to-zero and denormals-are-zero on, as after "
                                   "torch.set_flush_denormal(True); inputs as drawn and scaled by 2^-10)")
+VARIANT_GLOSS["fpenv:upward"] = (" (called from a thread that rounds upward, fesetround(FE_UPWARD); inputs as drawn "
+                                 "and scaled by 2^-10)")
 
 
 def special_differs(ctx: Context, dtype: str) -> bool:

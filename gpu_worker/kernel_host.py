@@ -90,6 +90,7 @@ PAGE = mmap.PAGESIZE
 # A reply's status when the call left the thread's floating-point mode changed (CUresults are >= 0);
 # rc and ns then carry the mode before and after (FpMode.read).
 FP_MODE_CHANGED = -1
+X87_IN_USE = 1 << 28  # FpMode.read's bit for "an x87 register is tagged in use" (above the control word's bits)
 PROT_NONE, PROT_RO, PROT_RW = 0, mmap.PROT_READ, mmap.PROT_READ | mmap.PROT_WRITE
 
 
@@ -209,7 +210,9 @@ class FpMode:
     """The calling thread's floating-point mode, read without the kernel's help: on x86-64 the x87
     control word (rounding, precision, exception masks) and MXCSR's control bits (flush-to-zero,
     denormals-are-zero, rounding, exception masks; not the sticky exception flags, which any float
-    code sets), elsewhere the rounding mode. A kernel that returns with it changed makes every later
+    code sets) and whether the x87 register stack is empty, as the x86-64 calling convention leaves it (a
+    kernel that left the registers tagged in use made its caller's next `long double` NaN: red team,
+    2026-11-27), elsewhere the rounding mode. A kernel that returns with it changed makes every later
     float operation of its caller's thread differ (red team, 2026-11-27: FTZ or round-toward-zero left
     on after a right answer)."""
 
@@ -239,7 +242,9 @@ class FpMode:
             return self.fegetround()
         self.fegetenv(self.env)
         raw = self.env.raw
-        return (int.from_bytes(raw[0:2], "little") & 0x0F3F) << 16 | int.from_bytes(raw[28:32], "little") & 0xFFC0
+        in_use = X87_IN_USE if int.from_bytes(raw[8:10], "little") != 0xFFFF else 0  # a tag not "empty"
+        control = (int.from_bytes(raw[0:2], "little") & 0x0F3F) << 16
+        return in_use | control | int.from_bytes(raw[28:32], "little") & 0xFFC0
 
 
 class CpuCalls:

@@ -95,7 +95,10 @@ FAR = "far:"
 # FPENV_SMALL, where intermediates a kernel pre-scales fall into the subnormals FTZ/DAZ flush (red team,
 # 2026-11-27: a sum of squares pre-scaled by 2^-56, and a kernel that set MXCSR to the default and left it).
 FPENV = "fpenv:"
-FP_ENVS = {"ftz-daz": 0x8040}  # the MXCSR control bits each mode sets: flush-to-zero (bit 15), denormals-are-zero (6)
+# The MXCSR control bits each mode sets: flush-to-zero (bit 15) and denormals-are-zero (6); rounding upward
+# (bits 13-14: 10), which the ABI leaves to the caller too (a kernel that told the rounding mode by arithmetic
+# and returned zeros outside round-to-nearest passed: red team, 2026-11-27).
+FP_ENVS = {"ftz-daz": 0x8040, "upward": 0x4000}
 FPENV_SMALL = 2.0**-10
 FPENV_APPLIES = platform.machine() in ("x86_64", "AMD64")  # kernel_host.FpMode.caller sets MXCSR only there
 # "rank:batched": every argument one rank higher, a leading batch of BATCH calls' arguments with the batches

@@ -36,7 +36,7 @@ import torch
 from containment.seccomp import KILLED_REASON
 from gpu_worker.abi import KOPT_DTYPES, KernelFailure, Packed, error_message
 from gpu_worker.kernel_host import (BURST, CALL, EMPTY, FP_MODE_CHANGED, MODE, PACK_HEAD, REPLY, SEGMENT,
-                                    SEGMENT_SHIFT, TENSOR_HEAD, FpMode, Hello, Op)  # fmt: skip
+                                    SEGMENT_SHIFT, TENSOR_HEAD, X87_IN_USE, FpMode, Hello, Op)  # fmt: skip
 from gpu_worker.sandbox import FSIZE_LIMIT, PASSED_ENV
 
 T = TypeVar("T")
@@ -564,6 +564,10 @@ def fp_mode_change(before: int, after: int) -> str:
     """Words for a change of the caller's floating-point mode (kernel_host.FpMode.read's numbers)."""
     what = []
     if FpMode.X86_64:
+        if (before ^ after) & X87_IN_USE:
+            what.append(f"x87 registers {'left in use' if after & X87_IN_USE else 'emptied'} (the x87 stack must be "
+                        "empty on return: the caller's next long double would be NaN)")  # fmt: skip
+        before, after = before & ~X87_IN_USE, after & ~X87_IN_USE
         (cw0, mx0), (cw1, mx1) = divmod(before, 1 << 16), divmod(after, 1 << 16)
         bits = {1 << 15: "flush-to-zero", 1 << 6: "denormals-are-zero"}
         what += [f"{name} {'on' if mx1 & bit else 'off'}" for bit, name in bits.items() if (mx0 ^ mx1) & bit]

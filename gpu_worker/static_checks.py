@@ -94,6 +94,7 @@ FORBIDDEN: list[tuple[str, str]] = [
 # on CPU, as imported symbols. `{}` in the meaning is the name found.
 WHY = "a kernel has no use for it; only code that tells the harness from production does"
 SANDBOX = "a kernel has no use for them; only code that escapes its sandbox or tells the harness from production does"
+RANDOM = "a kernel's result must not depend on a draw (one wrong call in many passes every check)"
 PROBES: list[tuple[str, str]] = [
     (r"getenv|secure_getenv|__secure_getenv|environ|__environ|_environ",
      f"reads the process environment ({{}}): {WHY}"),
@@ -108,6 +109,10 @@ PROBES: list[tuple[str, str]] = [
     (r"__rdtsc|__rdtscp|_rdtsc|__builtin_ia32_rdtscp?|__builtin_readcyclecounter|__builtin_readsteadycounter|"
      r"_rdpid_u32|__builtin_ia32_rdpid|__rdpmc|__builtin_ia32_rdpmc",
      f"reads the CPU's cycle counter ({{}}): {WHY} (timing is the harness's job)"),
+    # A random draw of its own makes a kernel wrong on a call in many (one in 65536: red team, 2026-11-27), which
+    # no number of checked calls reaches.
+    (r"_rdrand(?:16|32|64)_step|_rdseed(?:16|32|64)_step|__builtin_ia32_rdrand\w*|__builtin_ia32_rdseed\w*",
+     f"draws random numbers from the CPU ({{}}): {RANDOM}"),
     # The thread pointer (%fs on x86-64) leads to glibc's thread control block, which caches the thread
     # id at a fixed offset: the pid without a call (red team, 2026-11-25: `movl %fs:0x2d0`). A C++
     # thread_local variable is not this: the compiler reaches it through %fs, the source never says so.
@@ -141,6 +146,7 @@ STRING_RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"(?<![\w.%$])(?:rdtscp?|rdpid|rdpmc)\b"), f"reads the CPU's cycle counter ({{}}): {WHY}"),
     (re.compile(r"(?<![\w.%$])(?:rd|wr)[fg]sbase[lq]?\b"), f"reads the thread control block directly ({{}}): {WHY}"),
     (re.compile(r"(?<![\w.%$])cpuid\b"), f"asks the CPU who it is in inline assembly ({{}}): {WHY}"),
+    (re.compile(r"(?<![\w.%$])(?:rdrand|rdseed)[wlq]?\b"), f"draws random numbers from the CPU ({{}}): {RANDOM}"),
     (re.compile(r"%(?:smid|nsmid|gridid|envreg\d+)\b"), f"reads which SM or grid runs it ({{}}): {WHY}"),
     (re.compile(r"%(?:globaltimer(?:_lo|_hi)?|clock|clock64|clock_hi)\b"),
      "reads or patches device timers in inline assembly ({}) (timing is the harness's job)"),
@@ -430,6 +436,7 @@ MID_INSTRUCTION = "a branch or address into the middle of an instruction"
 MACHINE_RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\b(?:syscall|sysenter|svc)\b|\bint\s+\$0x80\b"), f"makes system calls itself ({{}}): {SANDBOX}"),
     (re.compile(r"\b(?:rdtscp?|rdpid|rdpmc)\b"), f"reads the CPU's cycle counter ({{}}): {WHY}"),
+    (re.compile(r"\b(?:rdrand|rdseed)\b"), f"draws random numbers from the CPU ({{}}): {RANDOM}"),
     # Not any %fs access: every stack-protector check reads %fs:0x28 and thread_local variables go through it.
     (re.compile(r"\b(?:rd|wr)[fg]sbase\b"), f"reads the thread control block directly ({{}}): {WHY}"),
     # Compiled code branches only to the start of an instruction; a jump into the middle of one runs the

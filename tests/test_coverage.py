@@ -155,20 +155,23 @@ def test_cpu_calls_also_come_from_a_flush_to_zero_caller_whose_mode_they_keep():
         groups = plan.test_plan(spec, target, shapes, dtypes, 2, True, False)
         return [g for g in groups if g.variant.startswith(plan.FPENV)]
 
-    (group,) = fpenv("cpu")
+    ftz, upward = fpenv("cpu")
     assert fpenv("cuda") == []  # a GPU kernel's device code does not run in the caller's mode
-    assert group.label == plan.planted_shape(spec, shapes, "cpu").label
-    assert [(c.fpenv, c.scale, c.fp_bits) for c in group.cases] == [("ftz-daz", 1.0, 0x8040),
-                                                                     ("ftz-daz", plan.FPENV_SMALL, 0x8040)]
+    assert ftz.label == upward.label == plan.planted_shape(spec, shapes, "cpu").label and ftz.dtype != upward.dtype
+    assert [(c.fpenv, c.scale, c.fp_bits) for c in ftz.cases] == [("ftz-daz", 1.0, 0x8040),
+                                                                   ("ftz-daz", plan.FPENV_SMALL, 0x8040)]
+    assert [c.fp_bits for c in upward.cases] == [0x4000, 0x4000]  # MXCSR rounding: upward
     # The host's side: the mode is set for the calls that follow and given back whole.
     fp = FpMode()
-    before, tiny = fp.read(), 2.2250738585072014e-308  # the smallest normal double
+    before, tiny, one = fp.read(), 2.2250738585072014e-308, float(len("1"))  # no constant folding: read at run time
     try:
         fp.caller(0x8040)
         assert fp.read() == before | 0x8040 and tiny / 4 == 0.0  # flushed
+        fp.caller(0x4000)
+        assert fp.read() == before | 0x4000 and tiny / 4 > 0.0 and one + tiny > one  # rounded up, not flushed
     finally:
         fp.caller(0)
-    assert fp.read() == before and tiny / 4 > 0.0
+    assert fp.read() == before and tiny / 4 > 0.0 and one + tiny == one
 
 
 def test_the_magnitudes_kind_spreads_values_over_every_binade():
