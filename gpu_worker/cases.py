@@ -23,7 +23,7 @@ import torch
 
 from gpu_worker import planted
 from gpu_worker.abi import Packed
-from gpu_worker.plan import BATCH, CaseSpec, alias_pairs
+from gpu_worker.plan import BATCH, CaseSpec, alias_pairs, plantable
 from kopt import expr
 from kopt.models import Argument
 from kopt.package import is_integer, value_range
@@ -245,8 +245,9 @@ def overlapped(values: torch.Tensor) -> torch.Tensor:
 
 def overlaps(arg: Argument, cs: CaseSpec, shape: list[int]) -> bool:
     """Whether argument `arg` is laid out with overlapping rows in case `cs`: the "overlap" layout's float
-    `in` arguments (an output's rows never overlap: the ABI; integer tables keep their values)."""
-    return cs.layout == "overlap" and arg.role == "in" and not is_integer(arg) and overlappable(shape)
+    `in` arguments whose values may change (an output's rows never overlap: the ABI; rows that share elements
+    get new values, so integer tables and `scale = false` tables, whose values mean something, keep theirs)."""
+    return cs.layout == "overlap" and arg.role == "in" and plantable(arg) and overlappable(shape)
 
 
 def far_stride(shape: list[int]) -> int:

@@ -40,7 +40,7 @@ ROW_PAD = 8  # elements of padding per row in the strided variant (keeps 16-byte
 # fourth...) every other element of a wider tensor (inner stride 2; a baseline that needs dense rows of its
 # values may still take strided scales), and at each one-row edge shape both ways ("interleaved" and
 # "interleaved-odd": a decode fast path at T = 1 that ignored the strides, red team 2026-11-27).
-# "overlap": every float `in` argument's rows half a row apart, so each row's second half is the next
+# "overlap": every float `in` argument's rows (but a `scale = false` table's) half a row apart, so each row's second half is the next
 # one's first (a sliding-window view of one buffer; the ABI allows any positive strides, and an input's rows
 # may share elements: a kernel that took a row stride below the row length for packed rows passed: red
 # team, 2026-11-27).
@@ -351,7 +351,7 @@ def test_plan(
             dtype = dtypes[(turn + i) % len(dtypes)]
             groups.append(Group(label(dims), dtype, HUGE, False, [CaseSpec(tuple(dims.items()), dtype, HUGE, 0)]))
     three_d = any(len(a.shape) >= 3 for a in spec.arguments)
-    rows_in = any(len(a.shape) >= 2 and a.role == "in" and not is_integer(a) for a in spec.arguments)
+    rows_in = any(len(a.shape) >= 2 and a.role == "in" and plantable(a) for a in spec.arguments)
     kinds = ["strided", *(f"layout:{L}" for L in LAYOUTS if (three_d or L not in LAYOUTS_3D)
                           and (rows_in or L != "overlap"))] if two_d else []  # fmt: skip
     if kinds:
