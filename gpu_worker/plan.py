@@ -40,10 +40,10 @@ ROW_PAD = 8  # elements of padding per row in the strided variant (keeps 16-byte
 # fourth...) every other element of a wider tensor (inner stride 2; a baseline that needs dense rows of its
 # values may still take strided scales), and at each one-row edge shape both ways ("interleaved" and
 # "interleaved-odd": a decode fast path at T = 1 that ignored the strides, red team 2026-11-27).
-# "overlap": every float `in` argument's rows (but a `scale = false` table's) half a row apart, so each row's second half is the next
-# one's first (a sliding-window view of one buffer; the ABI allows any positive strides, and an input's rows
-# may share elements: a kernel that took a row stride below the row length for packed rows passed: red
-# team, 2026-11-27).
+# "overlap": every float `in` argument's rows (but a `scale = false` table's) half a row apart, so each row's
+# second half is the next one's first (a sliding-window view of one buffer; the ABI allows any positive
+# strides, and an input's rows may share elements: a kernel that took a row stride below the row length for
+# packed rows passed: red team, 2026-11-27).
 # Each applies where the baseline takes it (a kernel that needs dense rows refuses, and it is skipped).
 LAYOUTS = ("mixed", "offset", "transposed", "planes", "heads-major", "decoy", "interleaved", "overlap")
 LAYOUTS_3D = ("planes", "heads-major", "decoy")  # only where an argument has 3 dimensions
