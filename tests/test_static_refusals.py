@@ -52,6 +52,11 @@ HIDDEN_INSNS = {"syscall": "syscall", "bytes": ".byte 0x0f; .byte 0x05", "int80"
 SEEN_AS = {"syscall": "syscall at", "bytes": "syscall at", "int80": "int $0x80 at"}
 
 
+# Instructions that read what a kernel has no use for, hidden the same way, and the words of their refusal.
+HIDDEN_READS = {"rdfsbase": "rdfsbase %0", "rdrand": "rdrand %0"}
+HIDDEN_READ_WORDS = {"rdfsbase": "reads the thread control block directly", "rdrand": "draws random numbers"}
+
+
 def hidden_source(insn: str) -> str:
     return HIDDEN.replace("RAW(INSN)", f"RAW({insn})")
 
@@ -108,8 +113,9 @@ def cpu_libs(tmp_path_factory) -> dict[str, Path]:
     sources |= {f"baseline_{name}": REPO / "kernels" / name / "kernel.cpp" for name in BASELINES}
     sources["getenv"] = REPO / "tests" / "cheats" / "cpu" / "static_getenv.cpp"
     sources["raw_asm"] = REPO / "tests" / "hostile" / "raw_asm.cpp"
-    sources["rdfsbase"] = out / "hidden_rdfsbase.cpp"
-    sources["rdfsbase"].write_text(hidden_source("rdfsbase %0"))
+    for name, insn in HIDDEN_READS.items():
+        sources[name] = out / f"hidden_{name}.cpp"
+        sources[name].write_text(hidden_source(insn))
     sources["thread_local"] = out / "thread_local.cpp"
     sources["thread_local"].write_text(THREAD_LOCAL)
     return compile_all("cpu", sources, out)
@@ -139,12 +145,14 @@ def test_a_system_call_hidden_from_the_source_rules_is_refused_by_the_library_sc
     assert found and SEEN_AS[name] in found[0] and "kopt_silu_and_mul" in found[0], violations
 
 
-def test_reading_the_thread_pointer_hidden_from_the_source_rules_is_refused_by_the_library_scan(cpu_libs):
-    """rdfsbase hands over the thread pointer, the way to glibc's cached thread id (a pid) without a call."""
-    violations, notes = runner.static_check(hidden_source("rdfsbase %0"), cpu_libs["rdfsbase"], "cpu")
+@pytest.mark.parametrize("name", list(HIDDEN_READS))
+def test_a_read_hidden_from_the_source_rules_is_refused_by_the_library_scan(cpu_libs, name):
+    """rdfsbase hands over the thread pointer, the way to glibc's cached thread id (a pid) without a call;
+    rdrand a draw that makes one call in many wrong (red team, 2026-11-27, by its intrinsic)."""
+    violations, notes = runner.static_check(hidden_source(HIDDEN_READS[name]), cpu_libs[name], "cpu")
     assert notes == []
-    found = [v for v in violations if v.startswith("its machine code reads the thread control block directly")]
-    assert found and "rdfsbase at" in found[0], violations
+    found = [v for v in violations if v.startswith(f"its machine code {HIDDEN_READ_WORDS[name]}")]
+    assert found and f"{name} at" in found[0], violations
 
 
 def test_thread_local_state_passes_the_fs_scans_and_is_refused_as_state(cpu_libs):
