@@ -23,7 +23,7 @@ import torch
 
 from gpu_worker import planted
 from gpu_worker.abi import Packed
-from gpu_worker.plan import BATCH, CaseSpec, alias_pairs, plantable
+from gpu_worker.plan import BATCH, CaseSpec, alias_pairs, overlaps_rows
 from kopt import expr
 from kopt.models import Argument
 from kopt.package import is_integer, value_range
@@ -157,9 +157,10 @@ class Buffer:
         start = lead + offset
         inner = self.storage[start : start + n].view(phys)
         picked = inner[pick] if pick is not None else inner
-        self.view = picked.transpose(0, 1) if transposed or swapped or decoy else picked
         if self.overlap:
             self.view = inner.as_strided(shape, overlap_span(shape)[0])
+        else:
+            self.view = picked.transpose(0, 1) if transposed or swapped or decoy else picked
         if pick is not None:  # gaps lie between the view's elements: a mask over the whole storage
             outside = torch.ones(self.storage.shape, dtype=torch.bool, device=device)
             outside[start : start + n].view(phys)[pick] = False
@@ -247,7 +248,7 @@ def overlaps(arg: Argument, cs: CaseSpec, shape: list[int]) -> bool:
     """Whether argument `arg` is laid out with overlapping rows in case `cs`: the "overlap" layout's float
     `in` arguments whose values may change (an output's rows never overlap: the ABI; rows that share elements
     get new values, so integer tables and `scale = false` tables, whose values mean something, keep theirs)."""
-    return cs.layout == "overlap" and arg.role == "in" and plantable(arg) and overlappable(shape)
+    return cs.layout == "overlap" and overlaps_rows(arg) and overlappable(shape)
 
 
 def far_stride(shape: list[int]) -> int:

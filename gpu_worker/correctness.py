@@ -46,10 +46,11 @@ class GroupOutcome:
 VARIANT_GLOSS = {f"x{scale:g}": f" (every float input scaled by {scale:g})" for scale in plan.SCALES}
 VARIANT_GLOSS[plan.BATCHED] = (" (every argument one rank higher: two calls' arguments as a batch, the batches apart; "
                                "a kernel may refuse it with KOPT_ERR_ARGS)")
-VARIANT_GLOSS["fpenv:ftz-daz"] = (" (called from a thread with flush-to-zero and denormals-are-zero on, as after "
-                                  "torch.set_flush_denormal(True); inputs as drawn and scaled by 2^-10)")
-VARIANT_GLOSS["fpenv:upward"] = (" (called from a thread that rounds upward, fesetround(FE_UPWARD); inputs as drawn "
-                                 "and scaled by 2^-10)")
+# The caller of each plan.FP_ENVS mode, in words.
+FPENV_CALLERS = {"ftz-daz": "with flush-to-zero and denormals-are-zero on, as after torch.set_flush_denormal(True)",
+                 "upward": "that rounds upward, fesetround(FE_UPWARD)"}
+VARIANT_GLOSS |= {plan.FPENV + mode: f" (called from a thread {FPENV_CALLERS[mode]}; inputs as drawn and scaled by "
+                  f"2^{math.log2(plan.FPENV_SMALL):g})" for mode in plan.FP_ENVS}  # fmt: skip
 
 
 def special_differs(ctx: Context, dtype: str) -> bool:

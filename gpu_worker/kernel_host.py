@@ -217,6 +217,8 @@ class FpMode:
     on after a right answer)."""
 
     X86_64 = os.uname().machine in ("x86_64", "AMD64")
+    # glibc's x86-64 fenv_t (fnstenv's 28 bytes, then MXCSR): the fields read and written here
+    CONTROL, TAGS, MXCSR = slice(0, 2), slice(8, 10), slice(28, 32)
 
     def __init__(self) -> None:
         libm = ctypes.CDLL("libm.so.6")  # loaded before the sandbox's filters (the interpreter has it already)
@@ -232,8 +234,8 @@ class FpMode:
             return
         self.fegetenv(self.env)
         raw = bytearray(self.env.raw)
-        mxcsr = int.from_bytes(raw[28:32], "little")
-        raw[28:32] = ((mxcsr & 0x3F) | (self.own & 0xFFC0) | (extra & 0xFFC0)).to_bytes(4, "little")
+        mxcsr = int.from_bytes(raw[self.MXCSR], "little")
+        raw[self.MXCSR] = ((mxcsr & 0x3F) | (self.own & 0xFFC0) | (extra & 0xFFC0)).to_bytes(4, "little")
         self.env.raw = bytes(raw)
         self.fesetenv(self.env)
 
@@ -242,9 +244,9 @@ class FpMode:
             return self.fegetround()
         self.fegetenv(self.env)
         raw = self.env.raw
-        in_use = X87_IN_USE if int.from_bytes(raw[8:10], "little") != 0xFFFF else 0  # a tag not "empty"
-        control = (int.from_bytes(raw[0:2], "little") & 0x0F3F) << 16
-        return in_use | control | int.from_bytes(raw[28:32], "little") & 0xFFC0
+        in_use = X87_IN_USE if int.from_bytes(raw[self.TAGS], "little") != 0xFFFF else 0  # a tag not "empty"
+        control = (int.from_bytes(raw[self.CONTROL], "little") & 0x0F3F) << 16
+        return in_use | control | int.from_bytes(raw[self.MXCSR], "little") & 0xFFC0
 
 
 class CpuCalls:

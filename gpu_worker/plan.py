@@ -261,6 +261,13 @@ def planted_shape(spec: KernelSpec, declared: list[Shape], target: str) -> Shape
     return max(fitting, key=lambda s: (min(fewest_rows(s), PLANT_ROWS), elements(spec, s.dims))) if fitting else None
 
 
+def overlaps_rows(arg: Argument) -> bool:
+    """Whether the "overlap" layout gives this argument rows that share elements (where it has two rows or
+    more at the case's shape, cases.overlappable): a float `in` argument of two dimensions or more whose
+    values may change (plantable: not an integer or `scale = false` table, whose values mean something)."""
+    return arg.role == "in" and len(arg.shape) >= 2 and plantable(arg)
+
+
 def far_applies(arg: Argument, dims: dict[str, int]) -> bool:
     """Whether an argument gets a "far" group at `dims`: two rows or more, elements of 4 bytes or fewer (an
     8-byte one would need 32 GiB of address space for each host's calls)."""
@@ -351,7 +358,7 @@ def test_plan(
             dtype = dtypes[(turn + i) % len(dtypes)]
             groups.append(Group(label(dims), dtype, HUGE, False, [CaseSpec(tuple(dims.items()), dtype, HUGE, 0)]))
     three_d = any(len(a.shape) >= 3 for a in spec.arguments)
-    rows_in = any(len(a.shape) >= 2 and a.role == "in" and plantable(a) for a in spec.arguments)
+    rows_in = any(overlaps_rows(a) for a in spec.arguments)
     kinds = ["strided", *(f"layout:{L}" for L in LAYOUTS if (three_d or L not in LAYOUTS_3D)
                           and (rows_in or L != "overlap"))] if two_d else []  # fmt: skip
     if kinds:
