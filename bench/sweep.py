@@ -80,14 +80,14 @@ def variants(spec, target, defaults: dict[str, int], chosen: dict[str, list[int]
 
 
 def screen(kernel_dir: Path, spec, baseline: Path, libs: list, shapes: list[Shape], dtypes: list[str],
-           reps: int = 15) -> tuple[dict[int, float], float]:
+           reps: int = 15, only: set[int] | None = None) -> tuple[dict[int, float], float]:
     """Each built variant's speedup over the baseline by a cheap in-process timing: the geomean over
     shapes and dtypes of the median of `reps` baseline/variant ratios. Each call is taken as the judge
     takes one: inout arguments restored from their pristine copies, the L2 flushed, the stream drained,
     then CUDA events around the call; which of the two goes first alternates. Also returns the
     baseline timed against itself the same way (an A/A figure: 1.0 when the screen has no bias). Our own
     package's variants only (trusted code in this process): a ranking to choose which variants the full
-    judge sees, not a verdict."""
+    judge sees, not a verdict. `only`: screen these variants (indices into `libs`) and no others."""
     import statistics
 
     import torch
@@ -146,7 +146,7 @@ def screen(kernel_dir: Path, spec, baseline: Path, libs: list, shapes: list[Shap
     aa = speedup(base, Kernel(str(baseline), spec.entry, stream))
     out = {}
     for i, lib in enumerate(libs):
-        if not isinstance(lib, Path):
+        if not isinstance(lib, Path) or (only is not None and i not in only):
             continue
         try:
             out[i] = speedup(base, Kernel(str(lib), spec.entry, stream))
@@ -168,6 +168,9 @@ def main() -> int:
     ap.add_argument("--time-cap", type=float, default=None, help="sampling cap per shape and dtype (s)")
     ap.add_argument("--screen", type=int, default=None, metavar="K",
                     help="CUDA: time all variants cheaply in-process, judge only the K best in full")
+    ap.add_argument("--rescreen", type=int, default=None, metavar="N",
+                    help="with --screen: time the N best of the first screen again, with 5x its samples, and "
+                         "rank by that second figure (a screen's noise is about 1%%; this narrows it)")
     ap.add_argument("--json", type=Path, default=None, help="default bench/results/sweep-<kernel>-<time>.json")
     args = ap.parse_args()
 
@@ -207,12 +210,19 @@ def main() -> int:
                            candidate_id=cid, library=NO_ARTIFACT, shapes=shapes, dtypes=dtypes, seed=1,
                            source=source_text, time_cap_s=args.time_cap, baseline_id="baseline")  # fmt: skip
 
-    screened, screen_aa = {}, None
+    screened, screen_aa, rescreened, rescreen_aa = {}, None, {}, None
     if args.screen is not None:
         if args.target != "cuda":
             raise SystemExit("--screen times CUDA kernels")
         screened, screen_aa = screen(args.kernel_dir, spec, baseline, built[1:], shapes, dtypes)
         ranked = sorted(screened, key=lambda i: -screened[i])
+        if args.rescreen:
+            print(f"screened {len(screened)} variants in {time.time() - started:.0f} s; the {args.rescreen} best "
+                  "again with 5x the samples", flush=True)
+            again, rescreen_aa = screen(args.kernel_dir, spec, baseline, built[1:], shapes, dtypes, reps=75,
+                                        only=set(ranked[: args.rescreen]))
+            rescreened = {i: round(v, 4) for i, v in again.items()}
+            ranked = sorted(again, key=lambda i: -again[i]) + [i for i in ranked if i not in again]
         keep = set(ranked[: args.screen]) | {i for i, v in enumerate(todo) if v == defaults}
         print(f"screened {len(screened)} variants in {time.time() - started:.0f} s (the baseline against itself: "
               f"{screen_aa:.3f}); judging {len(keep)} in full", flush=True)
@@ -224,6 +234,8 @@ def main() -> int:
         row = {"tunables": tunables, "flags": flags}
         if i in screened:
             row["screen"] = round(screened[i], 4)
+        if i in rescreened:
+            row["rescreen"] = rescreened[i]
         if args.screen is not None and i not in keep and isinstance(lib, Path):
             row.update(ok=False, judged=False, reason="not judged: below the screen's top" if i in screened
                        else "not judged: failed in the screen")
@@ -258,7 +270,7 @@ def main() -> int:
     result = {"kernel": spec.name, "target": args.target, "device": device, "python": platform.python_version(),
               "command": "python3 bench/sweep.py " + " ".join(sys.argv[1:]), "defaults": defaults,
               "shapes": [s.label for s in shapes], "dtypes": dtypes, "seconds": time.time() - started,
-              "screen": args.screen, "screen_aa": screen_aa,
+              "screen": args.screen, "screen_aa": screen_aa, "rescreen": args.rescreen, "rescreen_aa": rescreen_aa,
               "variants": rows}  # fmt: skip
     try:
         import torch
