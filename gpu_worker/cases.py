@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import mmap
 import random
 import secrets
 import zlib
@@ -44,6 +45,8 @@ FAR_ALIGN = 64  # elements: a far row's start stays as aligned as its first (vec
 GUARD_BYTES = 256  # keeps the kernel-visible view 256-byte aligned, like a fresh allocation
 SCALE_STEP, SCALE_LEVELS = 1.25, 2  # Refresher: fresh inputs per call within [1.25**-2, 1.25**2] = [0.64, 1.5625]
 ROOM_BYTES = 1 << 20  # a "roomy" buffer's poisoned room on each side: at least this, and its own size
+PAGE = mmap.PAGESIZE  # the "paged" layout's unit (the kernel host protects whole pages: kernel_host.row_pages)
+PAGED_MAX_BYTES = 32 << 20  # a "paged" buffer larger than this is laid out densely instead
 
 
 class HarnessBug(RuntimeError):
@@ -102,12 +105,15 @@ class Buffer:
     row half a row after the one before (a sliding window: rows share elements; inputs only); `far`: the
     outer dimension's stride is far_stride(shape) and the rest dense, so the view spans 2^32 elements or
     more, of which only the rows and a guard after each are poisoned and checked (the gaps between them
-    are never touched: on CPU the arena's pages there stay unallocated)."""
+    are never touched: on CPU the arena's pages there stay unallocated); `paged` (CPU, where pageable()):
+    every row ends at a page end and a page or more of poison follows it, which a CPU kernel host keeps
+    read-only for an output (kernel_host.row_pages), so a write past a row's end faults even where it
+    puts back what was there."""
 
     def __init__(self, shape: list[int], dtype: torch.dtype, device: str, row_pad: int = 0, guards: bool = True,
                  pool: str = "shared", name: str = "", offset: int = 0, transposed: bool = False,
                  plane_pad: int = 0, swapped: bool = False, far: bool = False, interleaved: bool = False,
-                 decoy: bool = False, overlap: bool = False):  # fmt: skip
+                 decoy: bool = False, overlap: bool = False, paged: bool = False):  # fmt: skip
         size = dtype.itemsize
         unit = GUARD_BYTES // size  # elements in one alignment unit
         g = unit if guards else 0
@@ -116,6 +122,9 @@ class Buffer:
         self.overlap = False
         if far:
             self._far(shape, dtype, device, pool, name, g, unit)
+            return
+        if paged and pageable(shape, dtype):
+            self._paged(shape, dtype, device, pool, name, g)
             return
         row_pad = row_pad if len(shape) >= 2 else 0
         plane_pad = plane_pad if len(shape) >= 3 else 0
@@ -192,6 +201,24 @@ class Buffer:
             poison(piece)
         self.windows += [(w, None) for w in (rows_after[:, inner:], last[inner:], head) if w.numel()]
 
+    def _paged(self, shape: list[int], dtype: torch.dtype, device: str, pool: str, name: str, g: int) -> None:
+        rows, inner, size = shape[0], math.prod(shape[1:]), dtype.itemsize
+        stride = paged_stride(shape, dtype)
+        n = (rows - 1) * stride + inner
+        tail = PAGE // size  # a page after the last row: the storage ends at a page end, and so does every row
+        count = g + n + tail
+        self.placement = ARENA.placement(name, count * size, pool) if ARENA is not None else "plain"
+        if ARENA is not None and ARENA.target == device:
+            self.storage = ARENA.tensor(count, dtype, owner=self, pool=pool, fence=self.placement == "fence")
+        else:  # the judge's private memory: the same strides, pages unprotected
+            self.storage = torch.empty(count, dtype=dtype, device=device)
+        poison(self.storage)
+        dense = [math.prod(shape[i + 1:]) for i in range(1, len(shape))]
+        self.view = self.storage.as_strided(shape, [stride, *dense], self.storage.storage_offset() + g)
+        outside = torch.ones(count, dtype=torch.bool, device=device)
+        outside.as_strided((rows, inner), (stride, 1), g).fill_(False)
+        self.windows.append((self.storage, outside))
+
     def load(self, values: torch.Tensor) -> None:
         """Write an input's values into the view (overlapping rows: through the storage they share; the
         values must agree where rows overlap, as overlapped() makes them)."""
@@ -207,6 +234,18 @@ class Buffer:
             changed = ~poison_mask(piece)
             n += int(torch.count_nonzero(changed if outside is None else changed & outside))
         return n
+
+
+def paged_stride(shape: list[int], dtype: torch.dtype) -> int:
+    """The "paged" layout's outer stride (elements): whole pages, one page more than a row needs."""
+    return (-(-math.prod(shape[1:]) * dtype.itemsize // PAGE) + 1) * PAGE // dtype.itemsize
+
+
+def pageable(shape: list[int], dtype: torch.dtype) -> bool:
+    """Whether the "paged" layout applies to a tensor of `shape`: two rows or more, none empty, and its
+    pages no more than PAGED_MAX_BYTES."""
+    return (len(shape) >= 2 and shape[0] >= 2 and 0 not in shape
+            and shape[0] * paged_stride(shape, dtype) * dtype.itemsize <= PAGED_MAX_BYTES)  # fmt: skip
 
 
 def overlappable(shape: list[int]) -> bool:
@@ -412,7 +451,8 @@ class Case:
                            transposed=cs.layout == "transposed", plane_pad=plane_pad(cs),
                            swapped=cs.layout == "heads-major", far=cs.far == a.name,
                            interleaved=interleaves(cs, i),
-                           decoy=cs.layout == "decoy", overlap=overlaps(a, cs, shapes[a.name]))
+                           decoy=cs.layout == "decoy", overlap=overlaps(a, cs, shapes[a.name]),
+                           paged=cs.layout == "paged")
             for i, a in enumerate(args)
         }  # fmt: skip
         if (pair := aliased(args, cs, shapes)) is not None:

@@ -43,6 +43,7 @@ GRAPH_BATCHES = (1, 2, 4, *range(8, 513, 8))
 GRAPH_DRAWS = 3
 GRAPH_OTHERS = 96  # the other symbols of a graph batch shape stay under this (the batch is the point)
 SMALL_PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43)
+SIZE_PAIRS = 256  # the most combinations of two symbols' declared sizes one job tries (fuzz.size_pairs)
 # Residues mod 16 of an awkward size: never a multiple of 16; odd ones twice as likely.
 AWKWARD_RESIDUES = (1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15, 2, 4, 6, 8, 10, 12, 14)
 
@@ -267,7 +268,8 @@ def size_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None = N
     """Each declared size (kernel.toml [sizes]) of each symbol twice: the other symbols small (seeded),
     then as large as half the budget allows; and each size a tensor-parallel shard of one (a declared
     size divided by 2, 4 or 8: the width one GPU of a sharded model sees) once, the others small.
-    Under the budget, none in `exclude`."""
+    Under the budget, none in `exclude`. Then, where several symbols list sizes, every pair of their sizes
+    together, the others small (size_pairs)."""
     budget, rng, syms, ranges, seen = _draw(spec, target, seed, budget, exclude)
     out: list[dict[str, int]] = []
     for s, values in spec.sizes.items():
@@ -284,6 +286,31 @@ def size_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None = N
                 if dims is not None and dims not in seen and empty_range(spec, dims) is None:
                     seen.append(dims)
                     out.append(dims)
+    return out + size_pairs(spec, rng, syms, ranges, budget, seen)
+
+
+def size_pairs(spec: KernelSpec, rng: random.Random, syms: list[str], ranges: dict[str, tuple[int, int]],
+               budget: int, seen: list[dict[str, int]]) -> list[dict[str, int]]:  # fmt: skip
+    """Every combination of two symbols' declared sizes (a head count with a head size: a model's shape,
+    such as 16 heads of 128 for Llama-3-8B at TP=2), the other symbols small (seeded; at their least where
+    that is over the budget); those under the budget, at most SIZE_PAIRS (a seeded sample beyond). Each
+    size alone with the others small missed a merge wrong only at 16 heads of 128 (red team, 2026-11-27)."""
+    sized = [s for s in syms if spec.sizes.get(s)]
+    combos = [(a, va, b, vb) for i, a in enumerate(sized) for b in sized[i + 1:]
+              for va in spec.sizes[a] if ranges[a][0] <= va <= ranges[a][1]
+              for vb in spec.sizes[b] if ranges[b][0] <= vb <= ranges[b][1]]  # fmt: skip
+    if len(combos) > SIZE_PAIRS:
+        combos = rng.sample(combos, SIZE_PAIRS)
+    out = []
+    for a, va, b, vb in combos:
+        small = {o: min(max(ranges[o][0], rng.choice(SMALL_PRIMES[:4])), ranges[o][1]) for o in syms if o not in (a, b)}
+        dims = {**small, a: va, b: vb}
+        if elements(spec, dims) > budget:  # the others at their least (one row, say) where small is too much
+            dims = {**{o: max(ranges[o][0], 1) for o in small}, a: va, b: vb}
+        if (valid(spec, dims) and elements(spec, dims) <= budget and dims not in seen
+                and empty_range(spec, dims) is None):  # fmt: skip
+            seen.append(dims)
+            out.append(dims)
     return out
 
 

@@ -113,14 +113,14 @@ def missing_entry(role: str, entry: str) -> str:
 
 
 def decode_pack(body: bytes, segments: dict[int, tuple[int, int]]) -> tuple[int, object, list, list]:
-    """(pack id, KoptTensor array, arrays to keep alive, (segment, offset, bytes, writable) of each tensor's
-    allocation) from a P message; `segments` maps a segment id to (base address here, bytes). Raises
+    """(pack id, KoptTensor array, arrays to keep alive, (segment, offset, bytes, writable, row pages) of each
+    tensor's allocation) from a P message; `segments` maps a segment id to (base address here, bytes). Raises
     ValueError on anything outside them or malformed."""
     pack_id, n = PACK_HEAD.unpack_from(body, 0)
     at = PACK_HEAD.size
     array = (KoptTensor * n)()
     keep: list = []
-    spans: list[tuple[int, int, int]] = []
+    spans: list[tuple] = []
     for i in range(n):
         where, dtype, ndim, open_from, open_bytes, writable = TENSOR_HEAD.unpack_from(body, at)
         at += TENSOR_HEAD.size
@@ -138,12 +138,32 @@ def decode_pack(body: bytes, segments: dict[int, tuple[int, int]]) -> tuple[int,
                 open_from, open_bytes = offset, extent
             if min(dims, default=1) < 0 or not open_from <= offset <= offset + extent <= open_from + open_bytes <= size:
                 raise ValueError("malformed pack")
-            spans.append((where >> SEGMENT_SHIFT, open_from, open_bytes, bool(writable)))
+            rows = row_pages(offset, dims[:ndim], dims[ndim:], ELEMENT_BYTES[dtype]) if writable else ()
+            spans.append((where >> SEGMENT_SHIFT, open_from, open_bytes, bool(writable), rows))
         shape = (ctypes.c_int64 * ndim)(*dims[:ndim])
         strides = (ctypes.c_int64 * ndim)(*dims[ndim:])
         keep += [shape, strides]
         array[i] = KoptTensor(base + offset, dtype, ndim, shape, strides)
     return pack_id, array, keep, spans
+
+
+MAX_ROW_PAGES = 4096  # rows a view may have for its writes to be confined to their own pages
+
+
+def row_pages(offset: int, shape, strides, element_bytes: int) -> tuple[tuple[int, int], ...]:
+    """The pages an output's rows lie in, where a whole page or more lies between one row's end and the
+    next one's start ("paged" and "far" layouts): ((first byte, end byte) of each row's pages), else ()
+    (the whole allocation is the output's). A kernel that writes in such a gap, even what the gap held
+    (a read-modify-write of padding after a row's end: another thread writing that memory loses its
+    writes; red team, 2026-11-27), faults there."""
+    if len(shape) < 2 or not 2 <= shape[0] <= MAX_ROW_PAGES or 0 in shape:
+        return ()
+    row = (sum((s - 1) * st for s, st in zip(shape[1:], strides[1:])) + 1) * element_bytes
+    step = strides[0] * element_bytes
+    if step - row < PAGE:
+        return ()
+    starts = (offset + r * step for r in range(shape[0]))
+    return tuple((at // PAGE * PAGE, -(-(at + row) // PAGE) * PAGE) for at in starts)
 
 
 class CpuPages:
@@ -154,7 +174,8 @@ class CpuPages:
     thread meanwhile) faults (red team, 2026-11-27). The judge forgets a pack before the memory under it is
     used again. Spans are whole allocations (remote.Arena.allocation): page-aligned, and two of them either
     the same or apart, so one count each does (a "far" buffer's allocation spans gigabytes: one mprotect,
-    not a page list)."""
+    not a page list). Where every output in a written allocation has rows a page or more apart
+    (row_pages), only the rows' pages are opened writable, the rest of it read-only."""
 
     def __init__(self, fd: int, size: int) -> None:
         self.libc = ctypes.CDLL(None, use_errno=True)
@@ -168,6 +189,8 @@ class CpuPages:
         self.base, self.size = base, size
         self.count: dict[tuple[int, int], int] = {}  # (offset, bytes) of an allocation -> packs using it
         self.writers: dict[tuple[int, int], int] = {}  # ... -> packs that write it (an output in it)
+        self.whole: dict[tuple[int, int], int] = {}  # ... -> writing packs whose outputs there are not in rows
+        self.rows: dict[tuple[int, int], dict[tuple, int]] = {}  # ... -> each row-page set written there: packs
 
     def _protect(self, span: tuple[int, int], prot: int) -> None:
         off, n = span
@@ -175,32 +198,56 @@ class CpuPages:
         if self.libc.mprotect(self.base + first, -(-(off + n) // PAGE) * PAGE - first, prot):
             raise OSError(ctypes.get_errno(), "mprotect of the buffer arena failed")
 
-    def _prot(self, span: tuple[int, int]) -> int:
-        return PROT_NONE if span not in self.count else PROT_RW if self.writers.get(span) else PROT_RO
+    def _prot(self, span: tuple[int, int]) -> tuple[int, frozenset]:
+        """The span's protection, and the pages opened writable in it where not all of it."""
+        if span not in self.count:
+            return PROT_NONE, frozenset()
+        if not self.writers.get(span):
+            return PROT_RO, frozenset()
+        if self.whole.get(span):
+            return PROT_RW, frozenset()
+        return PROT_RO, frozenset(page for rows in self.rows.get(span, {}) for page in rows)
 
-    def _apply(self, spans: list[tuple[int, int, int, bool]], step: int) -> None:
-        written = {(off, n) for _, off, n, w in spans if w}
-        for span in {(off, n) for _, off, n, _ in spans}:
+    @staticmethod
+    def _count(table: dict, key, step: int) -> None:
+        table[key] = table.get(key, 0) + step
+        if not table[key]:
+            del table[key]
+
+    def _apply(self, spans: list[tuple], step: int) -> None:
+        written: dict[tuple[int, int], list] = {}
+        for _, off, n, w, rows in spans:
+            if w:
+                written.setdefault((off, n), []).append(rows)
+        for span in {(off, n) for _, off, n, _, _ in spans}:
             before = self._prot(span)
-            for table, counted in ((self.count, True), (self.writers, span in written)):
-                if counted:
-                    table[span] = table.get(span, 0) + step
-                    if not table[span]:
-                        del table[span]
-            if self._prot(span) != before:
-                self._protect(span, self._prot(span))
+            self._count(self.count, span, step)
+            if span in written:
+                self._count(self.writers, span, step)
+                if any(not rows for rows in written[span]):
+                    self._count(self.whole, span, step)
+                else:
+                    key = tuple(sorted({page for rows in written[span] for page in rows}))
+                    self._count(self.rows.setdefault(span, {}), key, step)
+                    if not self.rows[span]:
+                        del self.rows[span]
+            after = self._prot(span)
+            if after != before:
+                self._protect(span, after[0])
+                for first, end in after[1]:
+                    self._protect((first, end - first), PROT_RW)
 
-    def open(self, spans: list[tuple[int, int, int, bool]]) -> None:
+    def open(self, spans: list[tuple]) -> None:
         self._apply(spans, 1)
 
-    def close(self, spans: list[tuple[int, int, int, bool]]) -> None:
+    def close(self, spans: list[tuple]) -> None:
         self._apply(spans, -1)
 
 
 class NoPages:
     """CUDA: a host maps only the segments its packs use, whole (remote.CudaArena)."""
 
-    def open(self, spans: list[tuple[int, int, int, bool]]) -> None:
+    def open(self, spans: list[tuple]) -> None:
         pass
 
     close = open

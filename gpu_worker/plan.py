@@ -45,7 +45,9 @@ ROW_PAD = 8  # elements of padding per row in the strided variant (keeps 16-byte
 # strides, and an input's rows may share elements: a kernel that took a row stride below the row length for
 # packed rows passed: red team, 2026-11-27).
 # Each applies where the baseline takes it (a kernel that needs dense rows refuses, and it is skipped).
-LAYOUTS = ("mixed", "offset", "transposed", "planes", "heads-major", "decoy", "interleaved", "overlap")
+LAYOUTS = ("mixed", "offset", "transposed", "planes", "heads-major", "decoy", "interleaved", "overlap", "paged")
+PAGED_EVERY = 3  # the residue shapes that also get the "paged" layout: every third (residues 0, 3, 6, ...)
+LAYOUTS_CPU = ("paged",)  # only where a kernel host protects pages (cases.Buffer: rows a page apart)
 LAYOUTS_3D = ("planes", "heads-major", "decoy")  # only where an argument has 3 dimensions
 EDGE_LAYOUTS = ("interleaved", "interleaved-odd")  # at each edge shape with a symbol at 1
 # Input classes the harness plants (gpu_worker/planted.py), each a variant group at one shape.
@@ -57,11 +59,14 @@ FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 UNDECLARED = "dtype:"  # the variant prefix of those calls
 PLANT_ROWS = 8  # rows a planted shape has at least, where a declared shape has them
 PLANTED_KINDS = ("zeros", "repeated", "sparse", "constant", "leading-zeros", "huge", "tiny", "magnitudes",
-                 "nonfinite", "ones", "same-as-other", "lowest", "cancelling", "binades", "extremes")
+                 "nonfinite", "ones", "same-as-other", "lowest", "cancelling", "binades", "extremes",
+                 "outlier-channel")
 # Planted kinds in every dtype, not one in turn: "cancelling" (in bfloat16 a residual sits 2^-8 of x off -x
 # at the least, which leaves a float32 expansion's loss near the tolerance; float16's 2^-11 shows it) and
 # "extremes" (float16's top overflows no float32 product; bfloat16's does).
-EVERY_DTYPE = ("cancelling", "extremes")
+# And "outlier-channel": in bfloat16 input + residual cancel to an exact zero in most rows of 4096, which a
+# kernel's condition may exclude (red team, 2026-11-27: a bfloat16-only plant missed it in one job).
+EVERY_DTYPE = ("cancelling", "extremes", "outlier-channel")
 # Variants that count only beside a baseline that passes them: a kernel's NaN and infinity handling is
 # the package's to choose (a -ffast-math baseline drops it); a candidate must keep what its baseline does.
 # Judged alone (the package's own kernel in an optimization's round 0), a failure there is a note.
@@ -340,6 +345,11 @@ def test_plan(
                 for kind in (f"layout:{name}" for name in EDGE_LAYOUTS):
                     groups.append(layout_group(label(dims), tuple(dims.items()), dtypes[(turn + i) % len(dtypes)],
                                                kind))  # fmt: skip
+    if target == "cpu" and two_d:  # rows a page apart at every third residue shape: a tail written past a row's end
+        for i, dims in enumerate((residues or [])[::PAGED_EVERY]):
+            if dtypes:
+                groups.append(layout_group(label(dims), tuple(dims.items()), dtypes[(turn + i) % len(dtypes)],
+                                           "layout:paged", turn + i))  # fmt: skip
     for variant, drawn in (("size", sizes), ("residue", residues)):  # one dtype each in turn (there are many)
         for i, dims in enumerate(drawn or []):
             if dtypes:
@@ -360,7 +370,8 @@ def test_plan(
     three_d = any(len(a.shape) >= 3 for a in spec.arguments)
     rows_in = any(overlaps_rows(a) for a in spec.arguments)
     kinds = ["strided", *(f"layout:{L}" for L in LAYOUTS if (three_d or L not in LAYOUTS_3D)
-                          and (rows_in or L != "overlap"))] if two_d else []  # fmt: skip
+                          and (rows_in or L != "overlap") and (target == "cpu" or L not in LAYOUTS_CPU))
+             ] if two_d else []  # fmt: skip
     if kinds:
         fitting = [s for s in shapes if elements(spec, s.dims) <= budget]
         if fitting:  # every layout at the largest declared shape that fits, "strided" in every dtype

@@ -24,6 +24,7 @@ SHARE = 4  # about 1 row in SHARE of every planted input gets the kind
 # "magnitudes": values up to this over sqrt(row width) (a quarter of the dtype's top at most), so a row's
 # sum of squares stays finite in float32; float16 reaches a quarter of its top (a gate of 16000).
 MAGNITUDE_TOP = 2.0**63
+OUTLIER_RANGE = (7.0, 11.0)  # "outlier-channel": the outlier is 2^7 to 2^11 times its row's RMS (log-uniform)
 MANTISSA = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}  # stored fraction bits
 
 
@@ -36,6 +37,7 @@ def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed
     shared: dict[int, torch.Tensor] = {}  # row count -> the rows every input of that count shares
     taken: dict[int, set[int]] = {}  # row count -> rows already planted in some input (shared or own)
     levels: dict[int, torch.Tensor] = {}  # row count -> a place in the dtype's range per row (binades, extremes)
+    channels: dict[int, tuple[int, float]] = {}  # row width -> the outlier's column and its size over a row's RMS
     for name in names:
         t = inputs[name]
         if kind == "ones" and t.dim() == 1:  # a gain of exactly one everywhere (a norm without a learned scale)
@@ -47,6 +49,10 @@ def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed
         n = rows.shape[0]
         if kind in ("binades", "extremes") and n not in levels:
             levels[n] = _levels(kind, n, gen)
+        if kind == "outlier-channel":  # activations ([T, H], [T, 2D]), not a 1-D weight
+            if t.dim() >= 2:
+                _outlier_channel(rows, inputs, name, t, channels, gen)
+            continue
         if kind == "extremes":  # every row, the regimes in turn: each regime meets a job of four rows or more
             picked = torch.arange(n)
         else:
@@ -63,6 +69,28 @@ def plant(kind: str, args: list[Argument], inputs: dict[str, torch.Tensor], seed
         else:
             _apply(kind, work, picked, gen, t.dtype)
         inputs[name] = work.to(dtype=t.dtype, device=t.device).reshape(t.shape)
+
+
+def _outlier_channel(rows: torch.Tensor, inputs: dict[str, torch.Tensor], name: str, t: torch.Tensor,
+                     channels: dict[int, tuple[int, float]], gen: torch.Generator) -> None:  # fmt: skip
+    """A massive activation (as served LLMs have: one channel 100 to 2000 times a row's RMS, in every row at
+    the same column): every row of the input gets a positive value OUTLIER_RANGE times the RMS of its
+    other values (a quarter of the dtype's top at most) at one column in the first half of the row, the same
+    column and factor in every input of that width (input and residual's channel add up). A silu and an
+    rmsnorm wrong only where the next row's outlier is in the same channel passed every other class (red
+    team, 2026-11-27). Positive: a gate's negative outlier makes silu's output about zero, which hides a
+    wrong one there."""
+    n, w = rows.shape
+    if w not in channels:
+        lo, hi = OUTLIER_RANGE
+        factor = 2.0 ** (lo + (hi - lo) * float(torch.rand((), generator=gen)))
+        channels[w] = (int(torch.randint(0, max(w // 2, 1), (), generator=gen)), factor)
+    col, factor = channels[w]
+    work = rows.double().cpu()
+    others = torch.cat([work[:, :col], work[:, col + 1:]], dim=1)
+    rms = others.square().mean(dim=1).sqrt().clamp_min(2.0**-8) if others.shape[1] else torch.ones(n).double()
+    work[:, col] = (rms * factor).clamp(-torch.finfo(t.dtype).max / 4, torch.finfo(t.dtype).max / 4)
+    inputs[name] = work.to(dtype=t.dtype, device=t.device).reshape(t.shape)
 
 
 def _levels(kind: str, n: int, gen: torch.Generator) -> torch.Tensor:

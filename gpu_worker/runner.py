@@ -102,6 +102,10 @@ async def locate_fault(job: HarnessJob, group: str, timeout_s: float, heartbeat:
             return ("it writes an input: the call does not fault with its inputs writable (a kernel sees its inputs "
                     "as read-only memory; one that writes an input, even to put it back before returning, is wrong "
                     "where the caller's input is read-only or read by another thread meanwhile)")  # fmt: skip
+        if "layout:paged" in group:  # the layout's read-only pages are there with room or without
+            return ("it faults where every row ends at a page end and the page after it is read-only: most likely "
+                    "a write past a row's end (even one that puts back what was there: another thread writing that "
+                    "memory, the caller's, loses its writes)")  # fmt: skip
         return ("it faults with every argument given room around it too: an access far outside its buffers "
                 "(a stray pointer), not an overrun of one")  # fmt: skip
     hits = [arg.name for arg in job.spec.arguments if await faults(arg.name)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -116,6 +117,46 @@ def test_every_tensor_parallel_shard_of_a_declared_size_is_tested_too():
     widths = {s["D"] for s in fuzz.size_shapes(spec, "cpu", 5)}
     shards = {v // tp for v in spec.sizes["D"] for tp in fuzz.TP_DEGREES if v % tp == 0}
     assert {1792, 3584, 3696, 4736, 7168} <= shards and shards <= widths
+
+
+def test_every_pair_of_two_symbols_listed_sizes_is_tested_the_rest_small():
+    """A merge wrong only at 16 heads of 128 (Llama-3-8B at TP=2) passed: each listed size met the others
+    small only (tests/cheats/cpu/merge_head_pair_backdoor.cpp)."""
+    spec = load_spec(KERNELS / "merge_attn_states_lse")
+    for target in ("cpu", "cuda"):
+        shapes = fuzz.size_shapes(spec, target, 3)
+        pairs = {(s["NH"], s["D"]) for s in shapes if s["NH"] in spec.sizes["NH"] and s["D"] in spec.sizes["D"]}
+        assert pairs == {(nh, d) for nh in spec.sizes["NH"] for d in spec.sizes["D"]}, target
+        assert all(s["T"] in (1, 2, 3, 5, 7) for s in shapes if (s["NH"], s["D"]) in pairs and s["T"] < 9)
+        assert all(plan.elements(spec, s) <= fuzz.FUZZ_BUDGET[target] for s in shapes)
+    one = load_spec(KERNELS / "silu_and_mul")  # one symbol lists sizes: no pairs
+    assert fuzz.size_pairs(one, __import__("random").Random(1), ["T", "D"],
+                           {"T": (0, 65536), "D": (1, 32768)}, 1 << 20, []) == []  # fmt: skip
+
+
+def test_an_outlier_channel_is_one_column_in_every_row_and_every_input_of_its_width():
+    """Massive activations: a silu and an rmsnorm wrong only where the next row's outlier sits in the same
+    channel passed (tests/cheats/cpu/silu_outlier_channel_pair.cpp, rmsnorm_outlier_channel_pair.cpp)."""
+    from gpu_worker import planted
+
+    spec = load_spec(KERNELS / "fused_add_rmsnorm")
+    ref = load_reference(KERNELS / "fused_add_rmsnorm")
+    cs = plan.CaseSpec((("T", 6), ("H", 512)), "float16", "planted:outlier-channel", 0)
+    inputs = generate(ref, spec.arguments, cs, 9, "cpu")
+    before = {k: v.clone() for k, v in inputs.items()}
+    planted.plant("outlier-channel", spec.arguments, inputs, 9)
+    cols = set()
+    for name in ("input", "residual"):
+        rows = inputs[name].float()
+        col = int(rows[0].abs().argmax())
+        cols.add(col)
+        assert col < 256 and bool((rows.abs().argmax(dim=1) == col).all()) and bool((rows[:, col] > 0).all())
+        rest = torch.cat([rows[:, :col], rows[:, col + 1:]], dim=1)
+        ratio = rows[:, col] / rest.square().mean(dim=1).sqrt()
+        assert bool((ratio > 2**6.9).all()) and bool((ratio < 2**11.1).all()), ratio
+        assert torch.equal(rest, torch.cat([before[name][:, :col], before[name][:, col + 1:]], dim=1).float())
+    assert len(cols) == 1  # input's and residual's outliers in one channel
+    assert torch.equal(inputs["weight"], before["weight"])  # a 1-D weight: left alone
 
 
 @pytest.mark.parametrize("name", ["silu_and_mul", "fused_add_rmsnorm"])
@@ -632,6 +673,91 @@ def test_a_far_buffer_spans_2_to_the_32_elements_and_touches_only_its_rows():
         cases.ARENA = saved
 
 
+def _protections(lo: int, hi: int) -> dict[int, str]:
+    """This process's protection ("rw-", "r--", "---") of each page in [lo, hi), from /proc/self/maps."""
+    import mmap
+
+    out = {}
+    for line in open("/proc/self/maps"):
+        span, perms = line.split()[:2]
+        a, b = (int(x, 16) for x in span.split("-"))
+        for page in range(max(a, lo), min(b, hi), mmap.PAGESIZE):
+            out[page] = perms[:3]
+    return out
+
+
+def test_a_paged_buffer_ends_every_row_at_a_page_end_and_the_host_keeps_the_gaps_read_only():
+    """A silu that wrote each row's tail as an 8-element read-modify-write of the padding after it, putting
+    back what was there, passed: a same-value write leaves no trace (tests/cheats/cpu/silu_padding_rmw.cpp).
+    The "paged" layout ends every row at a page end with a page or more of poison after it, and a CPU kernel
+    host opens only an output's rows' pages writable (kernel_host.row_pages), the gaps read-only."""
+    import mmap
+
+    import gpu_worker.cases as cases
+    from gpu_worker.kernel_host import CpuPages, row_pages
+    from gpu_worker.protocol import arena_bytes
+    from gpu_worker.remote import Arena
+
+    page = mmap.PAGESIZE
+    arena = Arena(arena_bytes(256))
+    saved, cases.ARENA = cases.ARENA, arena
+    try:
+        for shape, dtype in (([3, 7], torch.float16), ([2, 3, 5], torch.float32), ([4, 2048], torch.float16)):
+            buf = cases.Buffer(shape, dtype, "cpu", name="out", paged=True)
+            view, es, inner = buf.view, dtype.itemsize, math.prod(shape[1:])
+            stride = cases.paged_stride(shape, dtype)
+            assert view.stride()[0] == stride and stride * es % page == 0 and stride * es - inner * es >= page
+            ends = [view[r].data_ptr() + inner * es - arena.base for r in range(shape[0])]
+            assert all(end % page == 0 for end in ends)  # every row ends at a page end
+            assert bool(poison_mask(view).all()) and buf.damage() == 0
+            view.fill_(1)
+            assert buf.damage() == 0
+            row = view[0].reshape(-1)
+            row.as_strided((1,), (1,), row.storage_offset() + inner).fill_(0)  # the element after row 0
+            assert buf.damage() == 1
+            # The host's view of it: each row's pages, none of the gaps
+            offset = view.data_ptr() - arena.base
+            rows = row_pages(offset, list(view.shape), list(view.stride()), es)
+            assert rows == tuple(((offset + r * stride * es) // page * page, ends[r]) for r in range(shape[0]))
+            del buf, view, row
+        assert row_pages(0, [4, 8], [8, 1], 2) == () and row_pages(0, [1, 8], [4096, 1], 2) == ()  # no gaps
+        assert not cases.pageable([1, 8], torch.float16) and not cases.pageable([4, 0], torch.float16)
+        assert not cases.pageable([5000, 4096], torch.float16)  # 5000 rows of 3 pages: laid out densely
+        # The kernel host's protection of an output in such rows: its rows writable, the gaps read-only
+        out = cases.Buffer([3, 7], torch.float16, "cpu", name="out", paged=True)
+        offset = out.view.data_ptr() - arena.base
+        span = arena.allocation(offset, 1)
+        rows = row_pages(offset, list(out.view.shape), list(out.view.stride()), 2)
+        pages = CpuPages(arena.fd, arena.size)
+        lo, hi = pages.base + span[0], pages.base + span[0] + span[1]
+        assert set(_protections(lo, hi).values()) == {"---"}
+        pages.open([(0, *span, True, rows)])
+        seen = _protections(lo, hi)
+        writable = {pages.base + p for first, end in rows for p in range(first, end, page)}
+        assert {a for a, perm in seen.items() if perm == "rw-"} == writable
+        assert len(writable) < len(seen) and set(seen.values()) == {"rw-", "r--"}
+        pages.open([(0, *span, True, ())])  # a second pack writes it whole: all of it writable
+        assert set(_protections(lo, hi).values()) == {"rw-"}
+        pages.close([(0, *span, True, ())])
+        assert {a for a, perm in _protections(lo, hi).items() if perm == "rw-"} == writable
+        pages.close([(0, *span, True, rows)])
+        assert set(_protections(lo, hi).values()) == {"---"} and pages.rows == {} and pages.whole == {}
+        del out
+    finally:
+        cases.ARENA = saved
+
+
+def test_the_paged_layout_is_a_cpu_check_at_every_third_residue_shape():
+    spec = load_spec(KERNELS / "silu_and_mul")
+    residues = fuzz.residue_shapes(spec, "cpu", 5)
+    groups = plan.test_plan(spec, "cpu", spec.shapes["cpu"].test, spec.dtypes, 1, False, False, residues=residues)
+    paged = [g for g in groups if g.variant == "layout:paged"]
+    labels = {g.label for g in paged}
+    assert {plan.label(d) for d in residues[:: plan.PAGED_EVERY]} <= labels and len(paged) > len(residues) // 3
+    cuda = plan.test_plan(spec, "cuda", spec.shapes["cuda"].test, spec.dtypes, 1, False, False, residues=residues)
+    assert not any(g.variant == "layout:paged" for g in cuda)
+
+
 def test_the_far_layout_checks_every_argument_of_two_dimensions_or_more():
     spec = load_spec(KERNELS / "merge_attn_states_lse")
     groups = plan.test_plan(spec, "cpu", spec.shapes["cpu"].test, spec.dtypes, 1, False, False)
@@ -681,9 +807,9 @@ def test_a_cpu_host_opens_only_the_pages_of_its_registered_packs_and_inputs_read
     fd = os.memfd_create("kopt-test")
     os.ftruncate(fd, 16 * PAGE)
     pages = CpuPages(fd, 16 * PAGE)
-    a = [(0, PAGE, 2 * PAGE, True)]  # an allocation of pages 1, 2 (an output in it)
-    b = [(0, PAGE, 2 * PAGE, True), (0, 3 * PAGE, PAGE, True)]  # the same one, and page 3
-    inputs = [(0, 3 * PAGE, PAGE, False), (0, 5 * PAGE, 2 * PAGE, False)]  # page 3 again, and pages 5, 6: inputs only
+    a = [(0, PAGE, 2 * PAGE, True, ())]  # an allocation of pages 1, 2 (an output in it, dense)
+    b = [(0, PAGE, 2 * PAGE, True, ()), (0, 3 * PAGE, PAGE, True, ())]  # the same one, and page 3
+    inputs = [(0, 3 * PAGE, PAGE, False, ()), (0, 5 * PAGE, 2 * PAGE, False, ())]  # page 3 again, pages 5, 6: inputs
 
     def mapping(first: int, end: int) -> str:  # the permissions of pages first..end-1, all alike
         perms = set()
@@ -705,7 +831,7 @@ def test_a_cpu_host_opens_only_the_pages_of_its_registered_packs_and_inputs_read
     pages.close(b)
     assert mapping(3, 4) == "r--s" and mapping(1, 3) == "---s"  # page 3: inputs only now, read-only
     pages.close(inputs)
-    assert pages.count == {} and pages.writers == {}
+    assert pages.count == {} and pages.writers == {} and pages.whole == {} and pages.rows == {}
     maps = open("/proc/self/maps").read()
     assert f"{pages.base:x}-{pages.base + 16 * PAGE:x} ---s" in maps  # all of it without access again
     os.close(fd)

@@ -4,7 +4,7 @@
 // every row alike, which keeps that relation; now a padded 3-D argument has a spare row per plane, the
 // planes layout gives every 3-D argument one with dense rows, and heads-major swaps the first two
 // dimensions (red team, 2026-11-26, round 5).
-// expect: written outside the buffer | mismatch | never written | layout:overlap
+// expect: written outside the buffer | mismatch | never written | layout:overlap | layout:paged
 // layer: runtime
 // package: merge_attn_states_lse
 // merge_attn_states_lse, CPU baseline (SGLang merge_state, natural log): per (token t, head h),

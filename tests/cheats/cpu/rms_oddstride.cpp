@@ -2,7 +2,7 @@
 // Red team, 2026-11-27: accepted then by `kopt evaluate`; the layouts (padded, offset, transposed, per-
 // argument) ran at one declared shape only; each drawn shape (declared sizes, fuzzed) now meets one layout
 // in turn (gpu_worker/plan.py).
-// expect: mismatch | never written | outside the buffer | NaN/Inf
+// expect: mismatch | never written | outside the buffer | NaN/Inf | layout:paged
 // layer: runtime
 // package: fused_add_rmsnorm
 // fused_add_rmsnorm, CPU baseline:

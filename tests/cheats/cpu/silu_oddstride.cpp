@@ -3,7 +3,7 @@
 // wrong on a padded view at an odd width (52 of 65 outputs at D=13). Red team, 2026-11-27: accepted then
 // by `kopt evaluate`; the layouts (padded, offset, transposed, per-argument) ran at one declared shape
 // only; each drawn shape (declared sizes, fuzzed) now meets one layout in turn (gpu_worker/plan.py).
-// expect: mismatch | never written | outside the buffer | NaN/Inf | layout:overlap
+// expect: mismatch | never written | outside the buffer | NaN/Inf | layout:overlap | layout:paged
 // layer: runtime
 // silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).
 // Storage fp16 / bf16 (or fp32), math in fp32. Single-threaded, no dependencies beyond libm.

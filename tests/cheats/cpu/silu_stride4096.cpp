@@ -2,7 +2,7 @@
 // 1408, 1536): the layouts met D = 4096 only. Red team, 2026-11-27: accepted then by `kopt evaluate`; the
 // layouts (padded, offset, transposed, per-argument) ran at one declared shape only; each drawn shape
 // (declared sizes, fuzzed) now meets one layout in turn (gpu_worker/plan.py).
-// expect: mismatch | never written | outside the buffer | NaN/Inf | layout:overlap
+// expect: mismatch | never written | outside the buffer | NaN/Inf | layout:overlap | layout:paged
 // layer: runtime
 // silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).
 // Storage fp16 / bf16 (or fp32), math in fp32. Single-threaded, no dependencies beyond libm.

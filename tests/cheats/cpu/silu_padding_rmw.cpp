@@ -1,8 +1,9 @@
-// OPEN (red team, 2026-11-27, seventh round; accepted): writes each row's tail as a full 8-element
-// read-modify-write into the padding after the row, restoring it: a thread that writes that padding (another
-// view of the buffer) loses 679590 writes in 3.8 million. Not refused: the judge sees only the restored
-// values; a same-value write outside the view is invisible within a page
-// expect: none yet
+// Red team, 2026-11-27 (seventh round; accepted then): writes each row's tail as a full 8-element
+// read-modify-write into the padding after the row, putting back what was there: a thread that writes that
+// padding (another view of the buffer) loses 679590 writes in 3.8 million. The judge sees only restored
+// values; refused by the "paged" layout, where every row ends at a page end and the kernel host keeps the
+// page after it read-only (decision 0059)
+// expect: layout:paged
 // layer: runtime
 // package: silu_and_mul
 // silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).
