@@ -24,7 +24,7 @@ import torch
 
 from gpu_worker import planted
 from gpu_worker.abi import Packed
-from gpu_worker.plan import BATCH, CaseSpec, alias_pairs, overlaps_rows
+from gpu_worker.plan import BATCH, PAGED_MAX_ROWS, CaseSpec, alias_pairs, overlaps_rows
 from kopt import expr
 from kopt.models import Argument
 from kopt.package import is_integer, value_range
@@ -46,7 +46,6 @@ GUARD_BYTES = 256  # keeps the kernel-visible view 256-byte aligned, like a fres
 SCALE_STEP, SCALE_LEVELS = 1.25, 2  # Refresher: fresh inputs per call within [1.25**-2, 1.25**2] = [0.64, 1.5625]
 ROOM_BYTES = 1 << 20  # a "roomy" buffer's poisoned room on each side: at least this, and its own size
 PAGE = mmap.PAGESIZE  # the "paged" layout's unit (the kernel host protects whole pages: kernel_host.row_pages)
-PAGED_MAX_BYTES = 32 << 20  # a "paged" buffer larger than this is laid out densely instead
 
 
 class HarnessBug(RuntimeError):
@@ -242,10 +241,8 @@ def paged_stride(shape: list[int], dtype: torch.dtype) -> int:
 
 
 def pageable(shape: list[int], dtype: torch.dtype) -> bool:
-    """Whether the "paged" layout applies to a tensor of `shape`: two rows or more, none empty, and its
-    pages no more than PAGED_MAX_BYTES."""
-    return (len(shape) >= 2 and shape[0] >= 2 and 0 not in shape
-            and shape[0] * paged_stride(shape, dtype) * dtype.itemsize <= PAGED_MAX_BYTES)  # fmt: skip
+    """Whether the "paged" layout applies to a tensor of `shape`: two rows to PAGED_MAX_ROWS, none empty."""
+    return len(shape) >= 2 and 2 <= shape[0] <= PAGED_MAX_ROWS and 0 not in shape
 
 
 def overlappable(shape: list[int]) -> bool:

@@ -47,6 +47,7 @@ ROW_PAD = 8  # elements of padding per row in the strided variant (keeps 16-byte
 # Each applies where the baseline takes it (a kernel that needs dense rows refuses, and it is skipped).
 LAYOUTS = ("mixed", "offset", "transposed", "planes", "heads-major", "decoy", "interleaved", "overlap", "paged")
 PAGED_EVERY = 3  # the residue shapes that also get the "paged" layout: every third (residues 0, 3, 6, ...)
+PAGED_MAX_ROWS = 64  # ... of those of this many rows at most (a tail is per row; cases.pageable)
 LAYOUTS_CPU = ("paged",)  # only where a kernel host protects pages (cases.Buffer: rows a page apart)
 LAYOUTS_3D = ("planes", "heads-major", "decoy")  # only where an argument has 3 dimensions
 EDGE_LAYOUTS = ("interleaved", "interleaved-odd")  # at each edge shape with a symbol at 1
@@ -345,8 +346,9 @@ def test_plan(
                 for kind in (f"layout:{name}" for name in EDGE_LAYOUTS):
                     groups.append(layout_group(label(dims), tuple(dims.items()), dtypes[(turn + i) % len(dtypes)],
                                                kind))  # fmt: skip
-    if target == "cpu" and two_d:  # rows a page apart at every third residue shape: a tail written past a row's end
-        for i, dims in enumerate((residues or [])[::PAGED_EVERY]):
+    if target == "cpu" and two_d:  # rows a page apart at every third residue shape of a few rows (cases.pageable)
+        few = [d for d in residues or [] if max(s[0] for s in arg_shapes(spec, d) if len(s) >= 2) <= PAGED_MAX_ROWS]
+        for i, dims in enumerate(few[::PAGED_EVERY]):
             if dtypes:
                 groups.append(layout_group(label(dims), tuple(dims.items()), dtypes[(turn + i) % len(dtypes)],
                                            "layout:paged", turn + i))  # fmt: skip

@@ -722,7 +722,7 @@ def test_a_paged_buffer_ends_every_row_at_a_page_end_and_the_host_keeps_the_gaps
             del buf, view, row
         assert row_pages(0, [4, 8], [8, 1], 2) == () and row_pages(0, [1, 8], [4096, 1], 2) == ()  # no gaps
         assert not cases.pageable([1, 8], torch.float16) and not cases.pageable([4, 0], torch.float16)
-        assert not cases.pageable([5000, 4096], torch.float16)  # 5000 rows of 3 pages: laid out densely
+        assert not cases.pageable([65, 8], torch.float16) and cases.pageable([64, 8], torch.float16)  # a few rows
         # The kernel host's protection of an output in such rows: its rows writable, the gaps read-only
         out = cases.Buffer([3, 7], torch.float16, "cpu", name="out", paged=True)
         offset = out.view.data_ptr() - arena.base
@@ -753,7 +753,8 @@ def test_the_paged_layout_is_a_cpu_check_at_every_third_residue_shape():
     groups = plan.test_plan(spec, "cpu", spec.shapes["cpu"].test, spec.dtypes, 1, False, False, residues=residues)
     paged = [g for g in groups if g.variant == "layout:paged"]
     labels = {g.label for g in paged}
-    assert {plan.label(d) for d in residues[:: plan.PAGED_EVERY]} <= labels and len(paged) > len(residues) // 3
+    few = [d for d in residues if d["T"] <= plan.PAGED_MAX_ROWS]
+    assert {plan.label(d) for d in few[:: plan.PAGED_EVERY]} <= labels and len(few) >= 8 and len(residues) > len(few)
     cuda = plan.test_plan(spec, "cuda", spec.shapes["cuda"].test, spec.dtypes, 1, False, False, residues=residues)
     assert not any(g.variant == "layout:paged" for g in cuda)
 
