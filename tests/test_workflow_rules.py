@@ -429,13 +429,18 @@ def test_a_wall_time_budget_is_not_overrun_by_a_round_begun_near_its_end(tempora
     result = asyncio.run(_run(temporal_server.address, tmp_path / "home", script, rounds=9, slots=slots,
                               holdout_shapes=[Shape(dims={"N": 77})], budgets=Budgets(max_wall_time_s=budget)))
     took = time.monotonic() - start  # the run, and the start and stop of its workers (about a second)
+    # Under load the last estimate can fit exactly and the budget be reached as a round or candidate ends
+    # (CI, 2026-11-27: "wall-time budget reached (12 s >= 12.0 s)"): within the budget too, which the bound on
+    # `took` below checks; otherwise the next round (or proposal) is refused before it begins.
+    predicted = result.stop_reason.startswith("wall-time budget: round ")
+    assert predicted or result.stop_reason.startswith("wall-time budget reached"), result.stop_reason
+    if predicted:
+        assert "would end past it" in result.stop_reason
     if slots == 1:
-        assert result.stop_reason.startswith(f"wall-time budget: round {len(result.rounds) + 1} (~"), result
+        assert not predicted or result.stop_reason.startswith(f"wall-time budget: round {len(result.rounds) + 1} (~")
         assert 1 <= len(result.rounds) <= 3
     else:  # the next proposal (round r, slot s) is refused; two candidates judged at a time
-        assert result.stop_reason.startswith("wall-time budget: round "), result.stop_reason
         assert 2 <= len(result.rounds) <= 6
-    assert "would end past it" in result.stop_reason
     assert result.holdout is not None and result.holdout.reason == f"skipped: {result.stop_reason}"
     assert took < budget * 1.05 + 1.5, took  # before: a round and the held-out step past it (>= 9 s)
     print(f"budget {budget} s: {len(result.rounds)} rounds, {took:.1f} s with the workers' start and stop")
