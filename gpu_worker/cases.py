@@ -206,10 +206,11 @@ class Buffer:
         n = (rows - 1) * stride + inner
         tail = PAGE // size  # a page after the last row: the storage ends at a page end, and so does every row
         count = g + n + tail
-        self.placement = ARENA.placement(name, count * size, pool) if ARENA is not None else "plain"
         if ARENA is not None and ARENA.target == device:
+            self.placement = ARENA.placement(name, count * size, pool)
             self.storage = ARENA.tensor(count, dtype, owner=self, pool=pool, fence=self.placement == "fence")
         else:  # the judge's private memory: the same strides, pages unprotected
+            self.placement = "plain"
             self.storage = torch.empty(count, dtype=dtype, device=device)
         poison(self.storage)
         dense = [math.prod(shape[i + 1:]) for i in range(1, len(shape))]
