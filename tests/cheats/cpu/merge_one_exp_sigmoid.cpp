@@ -1,6 +1,6 @@
 // realistic bug: one exp per pair, ca = 1 / (1 + e^(b - a)) and s = a + log1p(e^(b - a)): s_out is inf once b - a
 // passes 88.7 (red team, 2026-11-27, ninth round: refused)
-// expect: x100
+// expect: x100 | NaN/Inf where the reference is finite
 // layer: runtime
 // package: merge_attn_states_lse
 // merge_attn_states_lse, CPU baseline (SGLang merge_state, natural log): per (token t, head h),

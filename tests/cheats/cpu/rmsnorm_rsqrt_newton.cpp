@@ -1,6 +1,6 @@
 // realistic bug: rsqrt estimate and one Newton step instead of 1/sqrt: NaN where the sum of squares overflows to inf
 // (the reference gives 0) (red team, 2026-11-27, ninth round: refused)
-// expect: planted:binades | x100
+// expect: NaN/Inf where the reference is finite
 // layer: runtime
 // package: fused_add_rmsnorm
 // fused_add_rmsnorm, CPU baseline:

@@ -1,6 +1,6 @@
 // realistic bug: returns 0 for a gate below -16 without computing it, so an infinite or NaN up half beside a very
 // negative gate gives 0, not NaN (red team, 2026-11-27, ninth round: refused)
-// expect: special
+// expect: special | x100
 // layer: runtime
 // package: silu_and_mul
 // silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).

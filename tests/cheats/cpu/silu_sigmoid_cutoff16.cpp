@@ -1,6 +1,6 @@
 // realistic bug: takes the sigmoid as 0 below a gate of -16 (the product keeps NaN), so a scaled gate of -20 gives
 // -0 where silu is -4e-8 * 20 * up (red team, 2026-11-27, ninth round: refused)
-// expect: planted:extremes | x100
+// expect: x100 | planted:extremes | planted:magnitudes
 // layer: runtime
 // package: silu_and_mul
 // silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).

@@ -1,5 +1,5 @@
 // realistic bug: the same cutoff at -20: wrong where a gate below -20 meets a large up value (red team, 2026-11-27, ninth round: refused)
-// expect: planted:extremes
+// expect: planted:extremes | planted:magnitudes | x100
 // layer: runtime
 // package: silu_and_mul
 // silu_and_mul, CPU baseline: out[t, j] = silu(x[t, j]) * x[t, D + j], silu(g) = g / (1 + exp(-g)).
