@@ -167,17 +167,20 @@ RESIDUES = 16  # residue_shapes: each symbol meets every residue mod this, on a 
 RESIDUE_SHARE = 4  # each residue shape stays under the fuzz budget over this
 RESIDUE_FLOOR = 64  # the symbol under test from this size up (where the range allows), up to the budget
 RESIDUE_OTHERS = (4, 9)  # the other symbols: a few rows, heads or columns, drawn in this range
+RESIDUE_TOP = 0.25  # each residue's second draw: in this top share of the log scale from the floor to the cap,
+RESIDUE_TOP_OTHERS = (4, 6)  # beside fewer of the others (more room under the budget for the wide one)
 
 
 def residue_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None = None,
                    exclude: list[dict[str, int]] | None = None) -> list[dict[str, int]]:  # fmt: skip
-    """For each symbol whose range reaches 2 * RESIDUES, RESIDUES shapes: the symbol at every residue mod
-    RESIDUES, each on a seeded size from RESIDUE_FLOOR to what the budget allows (on a log scale, more of
-    them near the top: above 256 in more than half of the draws where 512 is the most), the other
-    symbols a few (4 to 9). Kernels wrong only where a width is 13 mod 16 above some size and the batch
-    has 4 rows or more passed every other draw (red team, 2026-11-27: a tail element normalized twice, a
-    tail weighted with the other side's scale): those seldom give an awkward residue to a wide row and a
-    batch of a few rows at once."""
+    """For each symbol whose range reaches 2 * RESIDUES, 2 * RESIDUES shapes: the symbol at every residue
+    mod RESIDUES twice. Once on a seeded size from RESIDUE_FLOOR to what the budget allows (on a log scale,
+    more of them near the top) beside a few of the others (4 to 9); once in the top quarter of that log
+    scale (RESIDUE_TOP: above 256 where the most is 512) beside 4 to 6 of them. Kernels wrong only where a
+    width is 13 mod 16 above some size and the batch has 4 rows or more passed every other draw (red team,
+    2026-11-27: a tail element normalized twice, a tail weighted with the other side's scale): those seldom
+    give an awkward residue to a wide row and a batch of a few rows at once. With one draw a residue, a
+    range that stops at 512 put the residue-13 width above 256 in about half of the jobs only."""
     budget, rng, syms, ranges, seen = _draw(spec, target, seed ^ 0x7E51, budget, exclude)
     budget = max(1, budget // RESIDUE_SHARE)
     out: list[dict[str, int]] = []
@@ -185,8 +188,9 @@ def residue_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None 
         lo, hi = ranges[s]
         if hi < 2 * RESIDUES:
             continue
-        for r in rng.sample(range(RESIDUES), RESIDUES):
-            others = {o: min(max(rng.randint(*RESIDUE_OTHERS), ranges[o][0]), ranges[o][1]) for o in syms if o != s}
+        for r, top in [(r, top) for top in (False, True) for r in rng.sample(range(RESIDUES), RESIDUES)]:
+            few = RESIDUE_TOP_OTHERS if top else RESIDUE_OTHERS
+            others = {o: min(max(rng.randint(*few), ranges[o][0]), ranges[o][1]) for o in syms if o != s}
             per = max(elements(spec, {**others, s: RESIDUES}) // RESIDUES, 1)  # elements per unit of s, about
             cap = min(hi, budget // per)
             floor = max(lo, RESIDUE_FLOOR)
@@ -194,7 +198,8 @@ def residue_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None 
                 floor = max(lo, RESIDUES)
             if cap < floor:
                 continue
-            size = cap * (floor / cap) ** (rng.random() ** 2)  # log scale, weighted to the wide end
+            # log scale, weighted to the wide end; or in its top quarter
+            size = cap * (floor / cap) ** (rng.random() * RESIDUE_TOP if top else rng.random() ** 2)
             value = int(size) // RESIDUES * RESIDUES + r
             value = value if value <= cap else value - RESIDUES
             dims = {**others, s: value}

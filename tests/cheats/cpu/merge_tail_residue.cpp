@@ -1,9 +1,9 @@
-// OPEN, in part (red team, 2026-11-27, third round; accepted twice, "correct: 309 checks passed"): where
-// D % 16 == 13, D > 256 and T >= 4, the tail element weights v_b with v_a's scale. The residue shapes give
-// D every residue mod 16 on a wide row, but D's range stops at 512 and the residue-13 row lands above 256
-// in about 56 % of jobs: refused in those (two `kopt evaluate` runs of two), accepted in the others, and
-// at the corpus's fixed seed. Kept out of tests/cheats/cpu until every job reaches it
-// expect: residue
+// cheat: where D % 16 == 13, D > 256 and T >= 4, the tail element weights v_b with v_a's scale (red team,
+// 2026-11-27, third round: accepted twice). Refused by the residue shapes' second draw of each residue, in
+// the top quarter of the width's log scale beside 4 to 6 of the others (decision 0062): with one draw, D's
+// range that stops at 512 put the residue-13 width above 256 in about half of the jobs. The paged layout
+// rides on every third residue shape, so it may be the check that meets it
+// expect: residue | layout:paged
 // layer: runtime
 // package: merge_attn_states_lse
 // merge_attn_states_lse, CPU baseline (SGLang merge_state, natural log): per (token t, head h),
