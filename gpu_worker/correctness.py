@@ -83,6 +83,8 @@ def run_test(ctx: Context) -> TestResult:
                                                             exclude=declared + fuzzed)  # fmt: skip
     residues = [] if job.fuzz_budget == 0 else fuzz.residue_shapes(job.spec, job.target, fuzz_seed, job.fuzz_budget,
                                                                    exclude=declared + fuzzed + sized)  # fmt: skip
+    residues += [] if job.fuzz_budget == 0 else fuzz.tall_residue_shapes(
+        job.spec, job.target, fuzz_seed, job.fuzz_budget, exclude=declared + fuzzed + sized + residues)
     # The large and huge shapes where asked (the gates), and never with a sanitizer's smaller budget.
     gate = job.large_shapes and job.fuzz_budget is None
     large = fuzz.large_shape(job.spec, job.target, fuzz_seed, exclude=declared + fuzzed + sized) if gate else []

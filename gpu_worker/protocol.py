@@ -24,7 +24,7 @@ from kopt.models import DType, KernelSpec, Partial, Shape, Target, TimingMode, T
 # Sampling per shape and dtype and kernel when the job sets no time_cap_s (docs/measurement.md).
 TIME_CAP_S = {"cpu": 2.0, "cuda": 1.5}
 
-HARNESS_VERSION = "11"  # bump when checks or timing change what a result means
+HARNESS_VERSION = "12"  # bump when checks or timing change what a result means
 PROGRESS_PREFIX = "kopt-harness: "  # the child also logs each step on stderr, for humans
 KEY_BYTES = 32
 FRAME_LIMIT = 32 << 20  # bytes of frames in all; more is garbage, not a result

@@ -788,6 +788,30 @@ def test_residue_shapes_give_every_symbol_every_residue_on_a_wide_row():
         assert {d["D"] % 16 for d in wide} == set(range(16)), seed
 
 
+def test_tall_residue_shapes_put_every_eighth_of_the_residues_mod_64_beside_a_prefill_batch():
+    """A remainder handled in blocks of 32, 16 and 8 with one misplaced is wrong at a band of residues mod 64;
+    a path for 64 or 256 rows and more is not taken beside a few rows (tests/cheats/cpu/*_tall_residue*):
+    each width symbol meets every eighth of the residues mod 64 beside each other symbol as a batch, 64 to
+    255 rows in the first half of the strata and 256 or more in the second, any third symbol odd in odd ones."""
+    for name in ("silu_and_mul", "fused_add_rmsnorm", "merge_attn_states_lse"):
+        spec = load_spec(KERNELS / name)
+        for seed in range(10):
+            shapes = fuzz.tall_residue_shapes(spec, "cpu", seed)
+            assert all(plan.elements(spec, d) <= fuzz.FUZZ_BUDGET["cpu"] * fuzz.TALL_SHARE for d in shapes)
+            width = "H" if name == "fused_add_rmsnorm" else "D"
+            tall = [d for d in shapes if d[width] >= 2 * fuzz.TALL_MOD and d["T"] >= 64]
+            eighths = {(d[width] % 64) // 8 for d in tall}
+            assert eighths == set(range(8)), (name, seed, shapes)
+            assert {(d[width] % 64) // 8 for d in tall if d["T"] >= 256} >= {4, 5, 6, 7}, (name, seed, shapes)
+            assert {(d[width] % 64) // 8 for d in tall if d["T"] < 256} >= {0, 1, 2, 3}, (name, seed, shapes)
+            if name == "merge_attn_states_lse":  # odd head counts other than 1 in the odd eighths
+                odd = {(d["D"] % 64) // 8 for d in tall if d["NH"] % 2 and d["NH"] >= 3}
+                assert odd >= {1, 3, 5, 7}, (seed, shapes)
+            else:
+                assert any(d["T"] >= 256 and (d[width] % 64) >= 48 for d in tall)
+        assert fuzz.tall_residue_shapes(spec, "cuda", 1) == []  # CPU only until run on a GPU (decision 0063)
+
+
 def test_the_huge_shape_puts_one_argument_just_past_2_to_the_31_elements_on_cuda_only():
     """A flat 32-bit index (tests/cheats/cuda/int32_flat_index.cu) is wrong only past 2^31 elements: the CUDA
     gates check one shape there, the largest symbol cut to the least odd value that keeps an argument above
