@@ -191,8 +191,7 @@ def residue_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None 
         for r, top in [(r, top) for top in (False, True) for r in rng.sample(range(RESIDUES), RESIDUES)]:
             few = RESIDUE_TOP_OTHERS if top else RESIDUE_OTHERS
             others = {o: min(max(rng.randint(*few), ranges[o][0]), ranges[o][1]) for o in syms if o != s}
-            per = max(elements(spec, {**others, s: RESIDUES}) // RESIDUES, 1)  # elements per unit of s, about
-            cap = min(hi, budget // per)
+            cap = _room(spec, others, s, RESIDUES, hi, budget)
             floor = max(lo, RESIDUE_FLOOR)
             if cap < floor:
                 floor = max(lo, RESIDUES)
@@ -200,13 +199,25 @@ def residue_shapes(spec: KernelSpec, target: str, seed: int, budget: int | None 
                 continue
             # log scale, weighted to the wide end; or in its top quarter
             size = cap * (floor / cap) ** (rng.random() * RESIDUE_TOP if top else rng.random() ** 2)
-            value = int(size) // RESIDUES * RESIDUES + r
-            value = value if value <= cap else value - RESIDUES
-            dims = {**others, s: value}
-            if value >= lo and valid(spec, dims) and elements(spec, dims) <= budget and dims not in seen:
-                seen.append(dims)
-                out.append(dims)
+            _place(spec, others, s, size, r, RESIDUES, lo, cap, budget, seen, out)
     return out
+
+
+def _room(spec: KernelSpec, others: dict[str, int], s: str, mod: int, high: int, budget: int) -> int:
+    """The most `s` can be beside `others` under the budget and `high` (elements per unit of s, about)."""
+    return min(high, budget // max(elements(spec, {**others, s: mod}) // mod, 1))
+
+
+def _place(spec: KernelSpec, others: dict[str, int], s: str, size: float, r: int, mod: int, low: int, cap: int,
+           budget: int, seen: list[dict[str, int]], out: list[dict[str, int]]) -> None:  # fmt: skip
+    """`s` at residue r mod `mod` next to `size` (a step down where that passes `cap`), beside `others`: kept
+    in `out` (and `seen`) where it is at least `low`, valid, under the budget and not seen before."""
+    value = int(size) // mod * mod + r
+    value = value if value <= cap else value - mod
+    dims = {**others, s: value}
+    if value >= low and valid(spec, dims) and elements(spec, dims) <= budget and dims not in seen:
+        seen.append(dims)
+        out.append(dims)
 
 
 TALL_MOD = 64  # tall_residue_shapes: widths at every eighth of the residues mod this,
@@ -231,10 +242,10 @@ def tall_residue_shapes(spec: KernelSpec, target: str, seed: int, budget: int | 
     budget, rng, syms, ranges, seen = _draw(spec, target, seed ^ 0x7A11, budget, exclude)
     budget *= TALL_SHARE
     out: list[dict[str, int]] = []
+    band = TALL_MOD // TALL_STRATA
     for s in syms:
         for batch in [o for o in syms if o != s]:
             for k in range(TALL_STRATA):
-                band = TALL_MOD // TALL_STRATA
                 r = k * band + rng.randrange(band)
                 few = {}
                 for o in syms:
@@ -246,19 +257,13 @@ def tall_residue_shapes(spec: KernelSpec, target: str, seed: int, budget: int | 
                 rows = min(int(math.exp(rng.uniform(math.log(low), math.log(high)))), ranges[batch][1])
                 floor = max(ranges[s][0], 2 * TALL_MOD)
                 for rows in (rows, min(low, ranges[batch][1])):  # fewer rows where the width has no room
-                    per = max(elements(spec, {**few, batch: rows, s: TALL_MOD}) // TALL_MOD, 1)
-                    cap = min(ranges[s][1], budget // per)
+                    cap = _room(spec, {**few, batch: rows}, s, TALL_MOD, ranges[s][1], budget)
                     if cap >= floor + TALL_MOD:
                         break
                 if cap < floor + TALL_MOD or rows < ranges[batch][0]:
                     continue
-                size = int(math.exp(rng.uniform(math.log(floor), math.log(cap))))
-                value = size // TALL_MOD * TALL_MOD + r
-                value = value if value <= cap else value - TALL_MOD
-                dims = {**few, batch: rows, s: value}
-                if value >= floor and valid(spec, dims) and elements(spec, dims) <= budget and dims not in seen:
-                    seen.append(dims)
-                    out.append(dims)
+                size = math.exp(rng.uniform(math.log(floor), math.log(cap)))
+                _place(spec, {**few, batch: rows}, s, size, r, TALL_MOD, floor, cap, budget, seen, out)
     return out
 
 
